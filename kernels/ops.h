@@ -1,0 +1,37 @@
+// Host entry points of the fused attention kernels (one templated family:
+// dtype x score kind x strategy). Registered as torch.library ops in ops.cpp.
+//
+// Conventions (see pyg_dfgnn/ops/__init__.py for the math):
+//   rowptr  int64 [N_dst + 1]   CSR by destination
+//   col     int32|int64 [E]     source of each CSR edge
+//   colptr  int64 [N_src + 1]   CSC by source
+//   csc_row same dtype as col [E]  destination of each CSC entry
+//   kind    0 = dot, 1 = add, 2 = gatv2
+//   dot  : query [N_dst,H,D], key [N_src,H,D], value [N_src,H,F], att undefined
+//   add  : query [N_dst,H],   key [N_src,H],   value [N_src,H,F], att undefined
+//   gatv2: query [N_dst,H,F], key [N_src,H,F], value [N_src,H,F], att [H,F]
+//   strategy 0 = SMMF, 1 = PMF (forward; the host may still route a row set
+//            that does not fit shared memory to the PMF path)
+//   lse     float32 [N_dst, H]: row max + log(row sum + 1e-16); the only thing
+//           the forward saves for the backward (p_ij = exp(s_ij - lse_i)).
+#pragma once
+#include <ATen/ATen.h>
+#include <tuple>
+
+enum ScoreKind : int64_t { kDot = 0, kAdd = 1, kGatv2 = 2 };
+
+// -> (out [N_dst,H,F] in value's dtype, lse [N_dst,H] float32)
+std::tuple<at::Tensor, at::Tensor> fused_attention_fwd_cuda(
+    const at::Tensor& rowptr, const at::Tensor& col, int64_t kind,
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    const c10::optional<at::Tensor>& att, double scale, double negative_slope,
+    int64_t strategy);
+
+// -> (grad_query, grad_key, grad_value, grad_att (undefined unless gatv2))
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+fused_attention_bwd_cuda(
+    const at::Tensor& grad_out, const at::Tensor& rowptr, const at::Tensor& col,
+    const at::Tensor& colptr, const at::Tensor& csc_row, int64_t kind,
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    const c10::optional<at::Tensor>& att, const at::Tensor& out,
+    const at::Tensor& lse, double scale, double negative_slope);

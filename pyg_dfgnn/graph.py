@@ -1,0 +1,261 @@
+"""DFGraph: the sparse format the fused kernels run on.
+
+Edges ``j -> i`` (``edge_index[0] = j`` is the source, ``edge_index[1] = i``
+the destination that aggregates, PyG's ``flow='source_to_target'``) are stored
+
+* as CSR by destination: ``rowptr`` [N_dst + 1] (int64) and ``col`` [E]
+  (source ids), the layout of the forward and of dQ;
+* as CSC by source (built on first use, for dK / dV in the backward):
+  ``colptr`` [N_src + 1], ``csc_row`` [E] (destination ids) and ``csc_perm``
+  [E] (CSC position -> CSR edge id), so per-edge inputs in CSR order can be
+  read without atomics;
+* with ``perm`` [E] (CSR edge id -> input edge id, ``None`` if the input was
+  already sorted by destination) to move edge attributes into CSR order and
+  attention weights back;
+* with degree statistics (``in_degree``, ``max_in_degree``) that the SMMF / PMF
+  rule in :mod:`pyg_dfgnn.dispatch` reads.
+
+Edge-sized index arrays are int32 while ``N`` and ``E`` fit (half the bytes per
+edge for the kernels), int64 otherwise.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from pyg_dfgnn.dispatch import choose_strategy
+
+_INT32_MAX = 2**31 - 1
+
+
+def _index_dtype(*sizes: int) -> torch.dtype:
+    return torch.int32 if max(sizes, default=0) <= _INT32_MAX else torch.int64
+
+
+def _fingerprint(t: Tensor) -> Tuple:
+    """What identifies a tensor's current contents without reading them."""
+    return (t.data_ptr(), tuple(t.shape), t.device, t._version)
+
+
+def _ptr(index: Tensor, size: int) -> Tensor:
+    """Sorted index -> compressed pointer array of length ``size + 1``."""
+    if index.numel() == 0:
+        return torch.zeros(size + 1, dtype=torch.int64, device=index.device)
+    return torch._convert_indices_from_coo_to_csr(index.to(torch.int64), size,
+                                                  out_int32=False)
+
+
+def _check_index(name: str, index: Tensor, bound: int, what: str) -> None:
+    if index.numel() == 0:
+        return
+    lo, hi = torch.aminmax(index)
+    lo, hi = int(lo), int(hi)
+    if lo < 0:
+        raise ValueError(f"'{name}' contains negative {what} indices "
+                         f"(found {lo})")
+    if hi >= bound:
+        raise ValueError(f"'{name}' contains {what} index {hi}, out of range "
+                         f"for {bound} {what} nodes")
+
+
+def to_edge_index(
+    adj: Any,
+    size: Optional[Tuple[int, int]] = None,
+    name: str = 'edge_index',
+) -> Tuple[Tensor, Tuple[int, int]]:
+    """Turn any supported adjacency into ``(edge_index [2, E], (N_src,
+    N_dst))``.
+
+    Accepts a ``[2, E]`` integer tensor, a :class:`torch_geometric.EdgeIndex`,
+    a :class:`torch_sparse.SparseTensor` or a :mod:`torch.sparse` COO/CSR
+    tensor. Sparse adjacencies follow PyG's convention ``adj_t[i, j]`` = edge
+    ``j -> i`` (rows are destinations).
+    """
+    from torch_geometric import EdgeIndex
+    from torch_geometric.typing import SparseTensor
+
+    if isinstance(adj, SparseTensor) and not isinstance(adj, Tensor):
+        row, col, _ = adj.coo()  # row = destination
+        n_dst, n_src = adj.sparse_sizes()
+        return torch.stack([col, row], 0), (n_src, n_dst)
+    if isinstance(adj, Tensor) and adj.layout != torch.strided:
+        if adj.layout == torch.sparse_csr:
+            crow, col = adj.crow_indices(), adj.col_indices()
+            row = torch.repeat_interleave(
+                torch.arange(adj.size(0), device=adj.device), crow.diff())
+        elif adj.layout == torch.sparse_coo:
+            row, col = adj.coalesce().indices()
+        else:
+            raise TypeError(f"'{name}' has unsupported sparse layout "
+                            f"{adj.layout} (expected COO or CSR)")
+        return torch.stack([col.long(), row.long()], 0), (adj.size(1),
+                                                          adj.size(0))
+    if not isinstance(adj, Tensor):
+        raise TypeError(f"'{name}' must be a Tensor, EdgeIndex, SparseTensor "
+                        f"or torch.sparse tensor (got {type(adj).__name__})")
+    if isinstance(adj, EdgeIndex):
+        sizes = adj.sparse_size()
+        adj = adj.as_tensor()
+        if size is None and sizes[0] is not None and sizes[1] is not None:
+            size = (sizes[0], sizes[1])
+    if adj.dtype in (torch.bool, ) or adj.is_floating_point() or \
+            adj.is_complex():
+        raise TypeError(f"'{name}' must hold integer indices "
+                        f"(got dtype {adj.dtype})")
+    if adj.dim() != 2 or adj.size(0) != 2:
+        raise ValueError(f"'{name}' must have shape [2, num_edges] "
+                         f"(got {list(adj.shape)})")
+    if size is None:
+        n = int(adj.max()) + 1 if adj.numel() > 0 else 0
+        size = (n, n)
+    return adj, (int(size[0]), int(size[1]))
+
+
+class DFGraph:
+    r"""CSR by destination + CSC by source + permutations + degree stats.
+
+    Build one with :meth:`from_edge_index` (or let the convs do it: they cache
+    one per ``edge_index`` tensor). A graph remembers the tensor it was built
+    from; :meth:`check_fresh` raises if that tensor was modified in place.
+    """
+
+    def __init__(self, rowptr: Tensor, col: Tensor, num_src: int,
+                 perm: Optional[Tensor] = None,
+                 max_in_degree: Optional[int] = None) -> None:
+        self.rowptr = rowptr
+        self.col = col
+        self.num_src = int(num_src)
+        self.num_dst = rowptr.numel() - 1
+        self.perm = perm
+        if max_in_degree is None:
+            max_in_degree = int(self.in_degree.max()) if self.num_dst else 0
+        self.max_in_degree = int(max_in_degree)
+        self._csc: Optional[Tuple[Tensor, Tensor, Tensor]] = None
+        self._row: Optional[Tensor] = None
+        self._source: Optional[Tuple] = None  # (weakref, fingerprint)
+
+    # ------------------------------------------------------------------ build
+    @classmethod
+    def from_edge_index(cls, edge_index: Any,
+                        size: Optional[Tuple[int, int]] = None,
+                        num_nodes: Optional[int] = None,
+                        name: str = 'edge_index') -> 'DFGraph':
+        """Build from any adjacency :func:`to_edge_index` accepts.
+
+        Args:
+            edge_index: the graph.
+            size: ``(N_src, N_dst)`` for bipartite graphs.
+            num_nodes: ``N`` for ``N_src = N_dst = N``.
+        """
+        if size is None and num_nodes is not None:
+            size = (int(num_nodes), int(num_nodes))
+        source = edge_index if isinstance(edge_index, Tensor) else None
+        ei, (n_src, n_dst) = to_edge_index(edge_index, size, name)
+        if n_src < 0 or n_dst < 0:
+            raise ValueError(f"'size' must be non-negative (got "
+                             f"{(n_src, n_dst)})")
+        src, dst = ei[0], ei[1]
+        _check_index(name, src, n_src, 'source')
+        _check_index(name, dst, n_dst, 'destination')
+        idx_dtype = _index_dtype(n_src, n_dst, src.numel())
+        perm = None
+        if src.numel() > 1 and not bool((dst[1:] >= dst[:-1]).all()):
+            dst, perm = torch.sort(dst, stable=True)
+            src = src[perm]
+            perm = perm.to(idx_dtype)
+        graph = cls(_ptr(dst, n_dst), src.to(idx_dtype), n_src, perm)
+        if source is not None:
+            graph._source = (weakref.ref(source), _fingerprint(source))
+        return graph
+
+    # ------------------------------------------------------------ properties
+    @property
+    def num_edges(self) -> int:
+        return self.col.numel()
+
+    @property
+    def device(self) -> torch.device:
+        return self.rowptr.device
+
+    @property
+    def in_degree(self) -> Tensor:
+        return self.rowptr.diff()
+
+    @property
+    def row(self) -> Tensor:
+        """Destination of each CSR edge (int64), for the reference path."""
+        if self._row is None:
+            self._row = torch.repeat_interleave(
+                torch.arange(self.num_dst, device=self.device),
+                self.in_degree, output_size=self.num_edges)
+        return self._row
+
+    def csc(self) -> Tuple[Tensor, Tensor, Tensor]:
+        """``(colptr, csc_row, csc_perm)``, built once on first use."""
+        if self._csc is None:
+            col64 = self.col.to(torch.int64)
+            sorted_col, csc_perm = torch.sort(col64, stable=True)
+            csc_row = self.row[csc_perm].to(self.col.dtype)
+            self._csc = (_ptr(sorted_col, self.num_src), csc_row,
+                         csc_perm.to(self.col.dtype))
+        return self._csc
+
+    def strategy(self, num_heads: int = 1) -> str:
+        """SMMF or PMF for this graph and head count."""
+        return choose_strategy(self.max_in_degree, num_heads)
+
+    # ---------------------------------------------------------------- checks
+    def check_fresh(self) -> None:
+        """Raise if the tensor this graph was built from changed in place."""
+        if self._source is None:
+            return
+        ref, fingerprint = self._source
+        source = ref()
+        if source is not None and _fingerprint(source) != fingerprint:
+            raise ValueError(
+                "The DFGraph format is stale: the 'edge_index' it was built "
+                "from was modified in place afterwards. Rebuild it (apply "
+                "ToDFGNNFormat again or call DFGraph.from_edge_index).")
+
+    def is_built_from(self, edge_index: Tensor) -> bool:
+        """Whether this graph was built from ``edge_index`` as it is now."""
+        if self._source is None:
+            return False
+        ref, fingerprint = self._source
+        return ref() is edge_index and _fingerprint(edge_index) == fingerprint
+
+    def check_sizes(self, num_src: int, num_dst: int) -> None:
+        if (num_src, num_dst) != (self.num_src, self.num_dst):
+            raise ValueError(
+                f"The DFGraph was built for another graph: it has "
+                f"(num_src, num_dst) = {(self.num_src, self.num_dst)} but the "
+                f"node features give {(num_src, num_dst)}")
+
+    # ---------------------------------------------------------------- moving
+    def to(self, device: Any) -> 'DFGraph':
+        device = torch.device(device)
+        if device == self.device:
+            return self
+        out = DFGraph.__new__(DFGraph)
+        out.__dict__.update(self.__dict__)
+        out.rowptr = self.rowptr.to(device)
+        out.col = self.col.to(device)
+        out.perm = None if self.perm is None else self.perm.to(device)
+        out._csc = None if self._csc is None else tuple(
+            t.to(device) for t in self._csc)
+        out._row = None if self._row is None else self._row.to(device)
+        return out
+
+    def cuda(self) -> 'DFGraph':
+        return self.to('cuda')
+
+    def cpu(self) -> 'DFGraph':
+        return self.to('cpu')
+
+    def __repr__(self) -> str:
+        return (f'{self.__class__.__name__}(num_src={self.num_src}, '
+                f'num_dst={self.num_dst}, num_edges={self.num_edges}, '
+                f'max_in_degree={self.max_in_degree}, device={self.device})')

@@ -1,0 +1,66 @@
+"""Finds or builds the CUDA kernels.
+
+Order: the extension prebuilt by ``setup.py`` (``pyg_dfgnn._C``), else a JIT
+build of ``kernels/`` with :func:`torch.utils.cpp_extension.load` + ninja into
+a cache directory (``$PYG_DFGNN_CACHE`` or ``~/.cache/pyg_dfgnn``). Either
+registers the ``torch.ops.pyg_dfgnn`` ops. Without CUDA nothing is built and
+the reference path runs; that is said once.
+"""
+import glob
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+KERNEL_DIR = Path(__file__).resolve().parents[2] / 'kernels'
+_state: Optional[bool] = None
+_reason: str = ''
+
+
+def kernel_sources():
+    return sorted(glob.glob(str(KERNEL_DIR / '*.cpp'))) + sorted(
+        glob.glob(str(KERNEL_DIR / '*.cu')))
+
+
+def build(verbose: bool = False):
+    """JIT-build and load the kernels (also used by CI to check they
+    compile on a machine without a GPU)."""
+    from torch.utils.cpp_extension import load
+    cache = os.environ.get(
+        'PYG_DFGNN_CACHE',
+        os.path.join(os.path.expanduser('~'), '.cache', 'pyg_dfgnn'))
+    os.makedirs(cache, exist_ok=True)
+    print('pyg_dfgnn: compiling the CUDA kernels (first use only, ~1-2 min)'
+          ' ...', file=sys.stderr, flush=True)
+    return load(
+        name='pyg_dfgnn_kernels', sources=kernel_sources(),
+        extra_cflags=['-O3', '-std=c++17'],
+        extra_cuda_cflags=['-O3', '-std=c++17', '-lineinfo',
+                           '--expt-relaxed-constexpr'],
+        build_directory=cache, verbose=verbose, is_python_module=False)
+
+
+def load_kernels() -> bool:
+    """True once the ``torch.ops.pyg_dfgnn`` kernels are registered."""
+    global _state, _reason
+    if _state is not None:
+        return _state
+    _state = False
+    if not torch.cuda.is_available():
+        _reason = 'no CUDA device'
+    else:
+        try:
+            import pyg_dfgnn._C  # noqa: F401  (prebuilt by setup.py)
+            _state = True
+        except ImportError:
+            try:
+                build()
+                _state = True
+            except Exception as e:  # compiler missing, build error, ...
+                _reason = f'build failed: {e}'
+    if not _state:
+        print(f'pyg_dfgnn: CUDA kernels unavailable ({_reason}); using the '
+              f'PyTorch reference path.', file=sys.stderr)
+    return _state
