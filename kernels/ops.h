@@ -14,6 +14,10 @@
 //            that does not fit shared memory to the PMF path)
 //   lse     float32 [N_dst, H]: row max + log(row sum + 1e-16); the only thing
 //           the forward saves for the backward (p_ij = exp(s_ij - lse_i)).
+//           Rows without edges: lse = -inf (and out = 0).
+//   max_in_degree  (added to the forward by the kernel owner) the longest CSR
+//           row, known on the host from DFGraph; sizes SMMF's shared memory
+//           without a device sync. -1 = unknown (computed, one sync).
 #pragma once
 #include <ATen/ATen.h>
 #include <tuple>
@@ -25,7 +29,7 @@ std::tuple<at::Tensor, at::Tensor> fused_attention_fwd_cuda(
     const at::Tensor& rowptr, const at::Tensor& col, int64_t kind,
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
     const c10::optional<at::Tensor>& att, double scale, double negative_slope,
-    int64_t strategy);
+    int64_t strategy, int64_t max_in_degree);
 
 // -> (grad_query, grad_key, grad_value, grad_att (undefined unless gatv2))
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>

@@ -35,9 +35,78 @@ def _index_dtype(*sizes: int) -> torch.dtype:
     return torch.int32 if max(sizes, default=0) <= _INT32_MAX else torch.int64
 
 
-def _fingerprint(t: Tensor) -> Tuple:
-    """What identifies a tensor's current contents without reading them."""
-    return (t.data_ptr(), tuple(t.shape), t.device, t._version)
+def _fingerprint(t: Any) -> Optional[Tuple]:
+    """What identifies an adjacency's current contents without reading them
+    (``None`` for inference tensors, which have no version counter).
+
+    Covers plain tensors, :class:`torch_geometric.EdgeIndex` (a wrapper whose
+    own ``_version`` counts in-place ops on the wrapper while ``_data``'s
+    counts writes through :meth:`as_tensor`), :mod:`torch.sparse` tensors (one
+    version counter shared with their index tensors) and
+    :class:`torch_sparse.SparseTensor` (its index tensors).
+    """
+    if isinstance(t, Tensor):
+        if t.is_inference():
+            return None
+        if t.layout == torch.sparse_csr:
+            return (t.layout, t.crow_indices().data_ptr(),
+                    t.col_indices().data_ptr(), tuple(t.shape), t._version)
+        if t.layout == torch.sparse_coo:
+            return (t.layout, t._indices().data_ptr(), tuple(t.shape),
+                    t._version)
+        data = getattr(t, '_data', None)  # EdgeIndex
+        if isinstance(data, Tensor):
+            return (data.data_ptr(), tuple(t.shape), t.device, t._version,
+                    data._version)
+        return (t.data_ptr(), tuple(t.shape), t.device, t._version)
+    storage = t.storage  # SparseTensor
+    # row / rowptr are filled lazily by other code: fill both now so the
+    # fingerprint does not change when that happens.
+    parts = [storage.rowptr(), storage.row(), storage.col()]
+    if any(p.is_inference() for p in parts):
+        return None
+    return tuple((p.data_ptr(), p._version) if p is not None else None
+                 for p in parts) + (tuple(t.sparse_sizes()), )
+
+
+# Attribute ToDFGNNFormat sets on the EdgeIndex it produces: the EdgeIndex's
+# version (see edge_index_version) when the transform finished.
+DFGNN_VERSION_ATTR = '_dfgnn_version'
+
+
+def edge_index_version(edge_index: Tensor) -> Optional[Tuple[int, int, int]]:
+    """``(storage pointer, wrapper version, data version)`` of an EdgeIndex:
+    changes whenever its indices are written in place, by any route
+    (``None`` for inference tensors, which have no version counter)."""
+    data = edge_index._data
+    if edge_index.is_inference() or data.is_inference():
+        return None
+    return (data.data_ptr(), edge_index._version, data._version)
+
+
+def mark_fresh(edge_index: Tensor) -> None:
+    """Record that ``edge_index`` (an EdgeIndex) is in DF-GNN format now."""
+    version = edge_index_version(edge_index)
+    if version is not None:
+        setattr(edge_index, DFGNN_VERSION_ATTR, version)
+
+
+def check_not_stale(edge_index: Tensor, name: str = 'edge_index') -> None:
+    """Raise if an EdgeIndex marked by ToDFGNNFormat changed afterwards.
+
+    Copies (pickling, ``deepcopy``) live in other storage and keep the mark;
+    they cannot be judged by version and are left to the data checks.
+    """
+    recorded = getattr(edge_index, DFGNN_VERSION_ATTR, None)
+    if recorded is None:
+        return
+    now = edge_index_version(edge_index)
+    if now is not None and recorded[0] == now[0] and tuple(recorded) != now:
+        raise ValueError(
+            f"'{name}' is stale: its edges were modified in place after "
+            f"ToDFGNNFormat ran, so its sort order and the degree statistics "
+            f"stored with it no longer hold. Re-apply ToDFGNNFormat (or pass "
+            f"a fresh edge_index).")
 
 
 def _ptr(index: Tensor, size: int) -> Tensor:
@@ -61,6 +130,16 @@ def _check_index(name: str, index: Tensor, bound: int, what: str) -> None:
                          f"for {bound} {what} nodes")
 
 
+def _check_same_size(name: str, what: str, sizes: Tuple[int, int],
+                     size: Optional[Tuple[int, int]]) -> None:
+    """The adjacency's own (N_src, N_dst) must agree with the caller's."""
+    if size is not None and (int(size[0]), int(size[1])) != tuple(sizes):
+        raise ValueError(
+            f"'{name}' is a {what} of sparse_size (N_src, N_dst) = "
+            f"{tuple(sizes)} but the graph has (num_src, num_dst) = "
+            f"{(int(size[0]), int(size[1]))}")
+
+
 def to_edge_index(
     adj: Any,
     size: Optional[Tuple[int, int]] = None,
@@ -80,6 +159,7 @@ def to_edge_index(
     if isinstance(adj, SparseTensor) and not isinstance(adj, Tensor):
         row, col, _ = adj.coo()  # row = destination
         n_dst, n_src = adj.sparse_sizes()
+        _check_same_size(name, 'SparseTensor', (n_src, n_dst), size)
         return torch.stack([col, row], 0), (n_src, n_dst)
     if isinstance(adj, Tensor) and adj.layout != torch.strided:
         if adj.layout == torch.sparse_csr:
@@ -87,19 +167,26 @@ def to_edge_index(
             row = torch.repeat_interleave(
                 torch.arange(adj.size(0), device=adj.device), crow.diff())
         elif adj.layout == torch.sparse_coo:
-            row, col = adj.coalesce().indices()
+            if adj.sparse_dim() != 2:
+                raise ValueError(f"'{name}' must be a 2-D sparse matrix "
+                                 f"(got sparse_dim {adj.sparse_dim()})")
+            # Uncoalesced entries stay separate edges (coalescing would sum
+            # multi-edges into one); the CSR build sorts them if needed.
+            row, col = adj._indices()
         else:
             raise TypeError(f"'{name}' has unsupported sparse layout "
                             f"{adj.layout} (expected COO or CSR)")
-        return torch.stack([col.long(), row.long()], 0), (adj.size(1),
-                                                          adj.size(0))
+        sizes = (adj.size(1), adj.size(0))
+        _check_same_size(name, 'sparse tensor', sizes, size)
+        return torch.stack([col.long(), row.long()], 0), sizes
     if not isinstance(adj, Tensor):
         raise TypeError(f"'{name}' must be a Tensor, EdgeIndex, SparseTensor "
                         f"or torch.sparse tensor (got {type(adj).__name__})")
     if isinstance(adj, EdgeIndex):
         sizes = adj.sparse_size()
         adj = adj.as_tensor()
-        if size is None and sizes[0] is not None and sizes[1] is not None:
+        if sizes[0] is not None and sizes[1] is not None:
+            _check_same_size(name, 'EdgeIndex', sizes, size)
             size = (sizes[0], sizes[1])
     if adj.dtype in (torch.bool, ) or adj.is_floating_point() or \
             adj.is_complex():
@@ -150,9 +237,14 @@ class DFGraph:
             size: ``(N_src, N_dst)`` for bipartite graphs.
             num_nodes: ``N`` for ``N_src = N_dst = N``.
         """
+        from torch_geometric import EdgeIndex
+
         if size is None and num_nodes is not None:
             size = (int(num_nodes), int(num_nodes))
-        source = edge_index if isinstance(edge_index, Tensor) else None
+        claims_col_order = False
+        if isinstance(edge_index, EdgeIndex):
+            check_not_stale(edge_index, name)
+            claims_col_order = edge_index.is_sorted_by_col
         ei, (n_src, n_dst) = to_edge_index(edge_index, size, name)
         if n_src < 0 or n_dst < 0:
             raise ValueError(f"'size' must be non-negative (got "
@@ -162,13 +254,21 @@ class DFGraph:
         _check_index(name, dst, n_dst, 'destination')
         idx_dtype = _index_dtype(n_src, n_dst, src.numel())
         perm = None
+        # Sort metadata is never trusted: checking the order is O(E).
         if src.numel() > 1 and not bool((dst[1:] >= dst[:-1]).all()):
+            if claims_col_order:
+                raise ValueError(
+                    f"'{name}' is an EdgeIndex with sort_order='col' but its "
+                    f"destinations (row 1) are not sorted: it was modified "
+                    f"after it was sorted. Re-apply ToDFGNNFormat or sort it "
+                    f"again (edge_index.sort_by('col')).")
             dst, perm = torch.sort(dst, stable=True)
             src = src[perm]
             perm = perm.to(idx_dtype)
         graph = cls(_ptr(dst, n_dst), src.to(idx_dtype), n_src, perm)
-        if source is not None:
-            graph._source = (weakref.ref(source), _fingerprint(source))
+        fingerprint = _fingerprint(edge_index)
+        if fingerprint is not None:
+            graph._source = (weakref.ref(edge_index), fingerprint)
         return graph
 
     # ------------------------------------------------------------ properties

@@ -36,9 +36,10 @@ def build(verbose: bool = False):
           ' ...', file=sys.stderr, flush=True)
     return load(
         name='pyg_dfgnn_kernels', sources=kernel_sources(),
-        extra_cflags=['-O3', '-std=c++17'],
-        extra_cuda_cflags=['-O3', '-std=c++17', '-lineinfo',
-                           '--expt-relaxed-constexpr'],
+        # no -std: torch adds the standard its headers need (C++20 for 2.14)
+        extra_cflags=['-O3'],
+        extra_cuda_cflags=['-O3', '-lineinfo', '--expt-relaxed-constexpr'] +
+        (['-Xptxas=-v'] if os.environ.get('PYG_DFGNN_PTXAS_VERBOSE') else []),
         build_directory=cache, verbose=verbose, is_python_module=False)
 
 

@@ -1,0 +1,149 @@
+// Host entry of the fused backward (see fused_attention_bwd.cuh for the
+// kernels): input checks, output allocation, dtype dispatch. fp32 is
+// instantiated here, fp16 / bf16 in their own translation units so the three
+// compile in parallel.
+#include <c10/cuda/CUDAGuard.h>
+
+#include "fused_attention_bwd.cuh"
+#include "ops.h"
+
+namespace pyg_dfgnn {
+namespace bwd {
+template void run_bwd<float>(Args&);
+extern template void run_bwd<at::Half>(Args&);
+extern template void run_bwd<at::BFloat16>(Args&);
+}  // namespace bwd
+}  // namespace pyg_dfgnn
+
+namespace {
+
+void check_tensor(const at::Tensor& t, const char* name,
+                  const at::Device& dev) {
+  TORCH_CHECK(t.defined(), "fused_attention_bwd: '", name, "' is undefined");
+  TORCH_CHECK(t.is_cuda() && t.device() == dev, "fused_attention_bwd: '",
+              name, "' must be on ", dev, " (got ", t.device(), ")");
+  TORCH_CHECK(t.is_contiguous(), "fused_attention_bwd: '", name,
+              "' must be contiguous");
+}
+
+void check_shape(const at::Tensor& t, const char* name,
+                 std::initializer_list<int64_t> shape) {
+  TORCH_CHECK(t.sizes().equals(shape), "fused_attention_bwd: '", name,
+              "' has shape ", t.sizes(), ", expected ",
+              at::IntArrayRef(shape));
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+fused_attention_bwd_cuda(
+    const at::Tensor& grad_out, const at::Tensor& rowptr, const at::Tensor& col,
+    const at::Tensor& colptr, const at::Tensor& csc_row, int64_t kind,
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    const c10::optional<at::Tensor>& att, const at::Tensor& out,
+    const at::Tensor& lse, double scale, double negative_slope) {
+  using pyg_dfgnn::bwd::Args;
+  TORCH_CHECK(kind >= 0 && kind <= 2, "fused_attention_bwd: unknown kind ",
+              kind);
+  TORCH_CHECK(value.defined() && value.is_cuda(),
+              "fused_attention_bwd: 'value' must be a CUDA tensor");
+  const at::Device dev = value.device();
+  // Autograd may hand an expanded (stride-0) gradient: make it dense.
+  const at::Tensor dout = grad_out.contiguous();
+  for (auto& p : {std::make_pair(&dout, "grad_out"),
+                  std::make_pair(&rowptr, "rowptr"),
+                  std::make_pair(&col, "col"), std::make_pair(&colptr, "colptr"),
+                  std::make_pair(&csc_row, "csc_row"),
+                  std::make_pair(&query, "query"), std::make_pair(&key, "key"),
+                  std::make_pair(&value, "value"), std::make_pair(&out, "out"),
+                  std::make_pair(&lse, "lse")})
+    check_tensor(*p.first, p.second, dev);
+  TORCH_CHECK(value.dim() == 3, "fused_attention_bwd: 'value' must be "
+              "[N_src, H, F], got ", value.sizes());
+  const int64_t n_src = value.size(0), H = value.size(1), F = value.size(2);
+  TORCH_CHECK(H >= 1 && F >= 1, "fused_attention_bwd: H and F must be >= 1");
+  TORCH_CHECK(H * F <= (int64_t)1 << 30, "fused_attention_bwd: H*F too large");
+  const auto dt = value.scalar_type();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16,
+              "fused_attention_bwd: dtype must be float32, float16 or "
+              "bfloat16 (got ", dt, ")");
+  for (auto& p : {std::make_pair(&dout, "grad_out"),
+                  std::make_pair(&query, "query"), std::make_pair(&key, "key"),
+                  std::make_pair(&out, "out")})
+    TORCH_CHECK(p.first->scalar_type() == dt, "fused_attention_bwd: '",
+                p.second, "' has dtype ", p.first->scalar_type(),
+                " but 'value' has ", dt);
+  TORCH_CHECK(rowptr.scalar_type() == at::kLong &&
+                  colptr.scalar_type() == at::kLong,
+              "fused_attention_bwd: 'rowptr' and 'colptr' must be int64");
+  TORCH_CHECK(col.scalar_type() == at::kInt || col.scalar_type() == at::kLong,
+              "fused_attention_bwd: 'col' must be int32 or int64");
+  TORCH_CHECK(csc_row.scalar_type() == col.scalar_type(),
+              "fused_attention_bwd: 'csc_row' must have the dtype of 'col'");
+  TORCH_CHECK(lse.scalar_type() == at::kFloat,
+              "fused_attention_bwd: 'lse' must be float32");
+  TORCH_CHECK(rowptr.dim() == 1 && rowptr.size(0) >= 1 && colptr.dim() == 1 &&
+                  colptr.size(0) == n_src + 1,
+              "fused_attention_bwd: 'rowptr' must be [N_dst + 1] and "
+              "'colptr' [N_src + 1]");
+  const int64_t n_dst = rowptr.size(0) - 1;
+  const int64_t E = col.numel();
+  TORCH_CHECK(col.dim() == 1 && csc_row.dim() == 1 && csc_row.numel() == E,
+              "fused_attention_bwd: 'col' and 'csc_row' must be 1-D of the "
+              "same length");
+  check_shape(dout, "grad_out", {n_dst, H, F});
+  check_shape(out, "out", {n_dst, H, F});
+  check_shape(lse, "lse", {n_dst, H});
+  at::Tensor att_t;
+  int64_t D = 1;
+  if (kind == pyg_dfgnn::bwd::kKindAdd) {
+    check_shape(query, "query", {n_dst, H});
+    check_shape(key, "key", {n_src, H});
+  } else {
+    TORCH_CHECK(query.dim() == 3, "fused_attention_bwd: 'query' must be "
+                "[N_dst, H, D], got ", query.sizes());
+    D = query.size(2);
+    TORCH_CHECK(D >= 1, "fused_attention_bwd: D must be >= 1");
+    check_shape(query, "query", {n_dst, H, D});
+    check_shape(key, "key", {n_src, H, D});
+    if (kind == pyg_dfgnn::bwd::kKindGatv2) {
+      TORCH_CHECK(att.has_value() && att->defined(),
+                  "fused_attention_bwd: kind gatv2 needs 'att'");
+      att_t = *att;
+      check_tensor(att_t, "att", dev);
+      TORCH_CHECK(att_t.scalar_type() == dt, "fused_attention_bwd: 'att' "
+                  "has dtype ", att_t.scalar_type(), " but 'value' has ", dt);
+      check_shape(att_t, "att", {H, D});
+    }
+  }
+
+  const c10::cuda::CUDAGuard guard(dev);
+  Args a;
+  a.grad_out = dout;
+  a.rowptr = rowptr;
+  a.col = col;
+  a.colptr = colptr;
+  a.csc_row = csc_row;
+  a.query = query;
+  a.key = key;
+  a.value = value;
+  a.att = att_t;
+  a.out = out;
+  a.lse = lse;
+  a.kind = kind;
+  a.scale = scale;
+  a.slope = negative_slope;
+  a.grad_query = at::empty_like(query);
+  a.grad_key = at::empty_like(key);
+  a.grad_value = at::empty_like(value);
+  a.drow = at::empty({n_dst, H}, value.options().dtype(at::kFloat));
+  if (att_t.defined()) a.grad_att = at::empty_like(att_t);
+  if (n_dst * H > 0 || n_src * H > 0) {
+    switch (dt) {
+      case at::kFloat: pyg_dfgnn::bwd::run_bwd<float>(a); break;
+      case at::kHalf: pyg_dfgnn::bwd::run_bwd<at::Half>(a); break;
+      default: pyg_dfgnn::bwd::run_bwd<at::BFloat16>(a); break;
+    }
+  }
+  return {a.grad_query, a.grad_key, a.grad_value, a.grad_att};
+}

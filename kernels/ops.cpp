@@ -1,0 +1,53 @@
+// torch.library registration of the fused attention ops (CUDA kernels in
+// fused_attention_fwd.cu / fused_attention_bwd.cu; contract in ops.h).
+// Python (pyg_dfgnn/ops/cuda.py) adds the fake (meta) impls and autograd.
+#include <torch/library.h>
+
+#include "ops.h"
+
+namespace {
+
+std::tuple<at::Tensor, at::Tensor> fwd(
+    const at::Tensor& rowptr, const at::Tensor& col, int64_t kind,
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    const c10::optional<at::Tensor>& att, double scale, double negative_slope,
+    int64_t strategy, int64_t max_in_degree) {
+  return fused_attention_fwd_cuda(rowptr, col, kind, query, key, value, att,
+                                  scale, negative_slope, strategy,
+                                  max_in_degree);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd(
+    const at::Tensor& grad_out, const at::Tensor& rowptr, const at::Tensor& col,
+    const at::Tensor& colptr, const at::Tensor& csc_row, int64_t kind,
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    const c10::optional<at::Tensor>& att, const at::Tensor& out,
+    const at::Tensor& lse, double scale, double negative_slope) {
+  auto grads = fused_attention_bwd_cuda(grad_out, rowptr, col, colptr, csc_row,
+                                        kind, query, key, value, att, out, lse,
+                                        scale, negative_slope);
+  // A schema output cannot be undefined: no 'att' -> an empty grad_att.
+  if (!std::get<3>(grads).defined())
+    std::get<3>(grads) = at::empty({0}, value.options());
+  return grads;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(pyg_dfgnn, m) {
+  m.def(
+      "fused_attention_fwd(Tensor rowptr, Tensor col, int kind, Tensor query, "
+      "Tensor key, Tensor value, Tensor? att, float scale, "
+      "float negative_slope, int strategy, int max_in_degree=-1) "
+      "-> (Tensor, Tensor)");
+  m.def(
+      "fused_attention_bwd(Tensor grad_out, Tensor rowptr, Tensor col, "
+      "Tensor colptr, Tensor csc_row, int kind, Tensor query, Tensor key, "
+      "Tensor value, Tensor? att, Tensor out, Tensor lse, float scale, "
+      "float negative_slope) -> (Tensor, Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(pyg_dfgnn, CUDA, m) {
+  m.impl("fused_attention_fwd", &fwd);
+  m.impl("fused_attention_bwd", &bwd);
+}

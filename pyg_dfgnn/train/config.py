@@ -1,0 +1,370 @@
+"""Experiment configs in GraphGPS's YAML layout, loaded with PyYAML and
+checked against a strict schema.
+
+A config is a nested mapping (``dataset``, ``gt``, ``gnn``, ``optim``,
+``train``, ``model``, ...). Every key a file or an override names must exist in
+:data:`SCHEMA`; every value must have the declared type and, where the schema
+lists them, one of the allowed choices. Anything else raises
+:class:`ConfigError` naming the dotted key, e.g.
+``ConfigError: unknown key 'gt.n_head' (did you mean 'gt.n_heads'?)``.
+Keys a file leaves out take the schema's defaults.
+
+GraphGPS keys that only make sense for features we do not have (``wandb``,
+``model.edge_decoding``, ``gnn.agg``...) are accepted so GraphGPS configs load,
+and have no effect.
+"""
+from __future__ import annotations
+
+import copy
+import difflib
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config file or override names an unknown key or holds a bad value."""
+
+
+@dataclass(frozen=True)
+class Field:
+    """One leaf of the schema: a default, the accepted types, the choices."""
+    default: Any
+    types: Tuple[type, ...]
+    choices: Optional[Tuple[Any, ...]] = None
+    nullable: bool = False
+    min: Optional[float] = None
+    help: str = ''
+
+
+def _f(default, types=None, choices=None, nullable=False, min=None, help=''):
+    if types is None:
+        types = (type(default), )
+    elif not isinstance(types, tuple):
+        types = (types, )
+    return Field(default, types, None if choices is None else tuple(choices),
+                 nullable, min, help)
+
+
+LOCAL_LAYERS = ('DFGAT', 'DFGATv2', 'DFTransformer', 'DFAGNN', 'GINE', 'GCN',
+                'None')
+GLOBAL_LAYERS = ('Transformer', 'None')
+ACTIVATIONS = ('relu', 'gelu', 'elu', 'leaky_relu', 'prelu', 'silu', 'tanh')
+
+SCHEMA: Dict[str, Any] = {
+    'out_dir': _f('results', help='where run folders go'),
+    'metric_best': _f('accuracy-SBM',
+                      choices=('accuracy-SBM', 'accuracy', 'mae')),
+    'metric_agg': _f('argmax', choices=('argmax', 'argmin')),
+    'seed': _f(0, min=0),
+    'backend': _f('dfgnn', choices=('dfgnn', 'pyg'),
+                  help='dfgnn: DF convs; pyg: their PyG twins'),
+    'device': _f('auto', choices=('auto', 'cpu', 'cuda')),
+    'num_threads': _f(0, min=0, help='torch CPU threads, 0 = default'),
+    'name': _f(None, str, nullable=True,
+               help='run name, default: config file stem'),
+    'wandb': {
+        'use': _f(False),
+        'project': _f(None, str, nullable=True),
+        'entity': _f(None, str, nullable=True),
+    },
+    'dataset': {
+        'format': _f('SBM', str,
+                     help="'SBM' (generated here) or 'PyG-<Dataset>'"),
+        'name': _f('PATTERN', str),
+        'dir': _f('data', help='root folder of generated/cached datasets'),
+        'size': _f(None, int, nullable=True, min=1,
+                   help='number of training graphs (val/test scaled '
+                   'alike); null = the published 10k'),
+        'gen_seed': _f(0, min=0, help='seed of the SBM generator'),
+        'dfgnn_format': _f(True, help='apply ToDFGNNFormat as pre_transform'),
+        'task': _f('graph', choices=('graph', )),
+        'task_type': _f('classification',
+                        choices=('classification', 'regression')),
+        'transductive': _f(False),
+        'split_mode': _f('standard', choices=('standard', )),
+        'node_encoder': _f(True),
+        'node_encoder_name': _f('LinearNode', str),
+        'node_encoder_bn': _f(False),
+        'edge_encoder': _f(False),
+        'edge_encoder_name': _f('DummyEdge', choices=('DummyEdge', )),
+        'edge_encoder_bn': _f(False),
+    },
+    'posenc_LapPE': {
+        'enable': _f(False),
+        'eigen': {
+            'laplacian_norm': _f('none', choices=('none', 'sym')),
+            'eigvec_norm': _f('L2', choices=('L2', )),
+            'max_freqs': _f(10, min=1),
+        },
+        'model': _f('DeepSet', choices=('DeepSet', )),
+        'dim_pe': _f(16, min=1),
+        'layers': _f(2, min=1),
+        'n_heads': _f(4, min=1, help='unused (Transformer PE model)'),
+        'raw_norm_type': _f('none', choices=('none', )),
+    },
+    'train': {
+        'mode': _f('custom', choices=('custom', )),
+        'batch_size': _f(32, min=1),
+        'eval_period': _f(1, min=1),
+        'enable_ckpt': _f(True),
+        'ckpt_period': _f(1, min=1),
+        'num_workers': _f(0, min=0),
+        'progress_bar': _f(True),
+    },
+    'model': {
+        'type': _f('GPSModel', choices=('GPSModel', )),
+        'loss_fun': _f('weighted_cross_entropy',
+                       choices=('weighted_cross_entropy', 'cross_entropy',
+                                'l1')),
+        'edge_decoding': _f('dot', str),
+    },
+    'gt': {
+        'layer_type': _f('DFGAT+Transformer', str,
+                         help='<local>+<global>'),
+        'layers': _f(6, min=0),
+        'n_heads': _f(4, min=1),
+        'dim_hidden': _f(64, min=1),
+        'dropout': _f(0.0, float, min=0.0),
+        'attn_dropout': _f(0.5, float, min=0.0),
+        'layer_norm': _f(False),
+        'batch_norm': _f(True),
+    },
+    'gnn': {
+        'head': _f('inductive_node', choices=('inductive_node', )),
+        'layers_pre_mp': _f(0, min=0),
+        'layers_post_mp': _f(3, min=1),
+        'dim_inner': _f(64, min=1),
+        'batchnorm': _f(True),
+        'act': _f('relu', choices=ACTIVATIONS),
+        'dropout': _f(0.0, float, min=0.0),
+        'agg': _f('mean', str),
+        'normalize_adj': _f(False),
+    },
+    'optim': {
+        'optimizer': _f('adamW', choices=('adam', 'adamW')),
+        'base_lr': _f(0.001, float, min=0.0),
+        'weight_decay': _f(1e-5, float, min=0.0),
+        'max_epoch': _f(100, min=1),
+        'scheduler': _f('cosine_with_warmup',
+                        choices=('none', 'cosine_with_warmup')),
+        'num_warmup_epochs': _f(5, min=0),
+        'clip_grad_norm': _f(True),
+        'clip_grad_norm_value': _f(1.0, float, min=0.0),
+    },
+}
+
+
+class Config(dict):
+    """A nested dict with attribute access (``cfg.gt.layers``)."""
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            raise AttributeError(key) from None
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        self[key] = value
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {k: v.to_dict() if isinstance(v, Config) else copy.deepcopy(v)
+                for k, v in self.items()}
+
+    def get_path(self, dotted: str) -> Any:
+        node: Any = self
+        for part in dotted.split('.'):
+            node = node[part]
+        return node
+
+
+def _defaults(schema: Dict[str, Any]) -> Config:
+    return Config({
+        k: _defaults(v) if isinstance(v, dict) else copy.deepcopy(v.default)
+        for k, v in schema.items()
+    })
+
+
+def default_config() -> Config:
+    """The schema's defaults as a :class:`Config`."""
+    return _defaults(SCHEMA)
+
+
+def _unknown(key: str, candidates: Iterable[str]) -> ConfigError:
+    leaf = key.rsplit('.', 1)[-1]
+    close = difflib.get_close_matches(leaf, list(candidates), n=1)
+    prefix = key.rsplit('.', 1)[0] + '.' if '.' in key else ''
+    hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ''
+    return ConfigError(f"unknown key '{key}'{hint}")
+
+
+def _coerce(key: str, value: Any, field: Field) -> Any:
+    if value is None:
+        if field.nullable:
+            return None
+        raise ConfigError(f"'{key}' must not be null")
+    # PyYAML reads '1e-5' (no dot) as a string: accept numeric strings for
+    # float fields, as GraphGPS configs write them that way.
+    if float in field.types and isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if float in field.types and isinstance(value, int) and not isinstance(
+            value, bool):
+        value = float(value)
+    ok = isinstance(value, field.types)
+    if ok and isinstance(value, bool) and bool not in field.types:
+        ok = False  # bool is an int subclass; 'layers: true' is a mistake
+    if not ok:
+        names = ' or '.join(t.__name__ for t in field.types)
+        raise ConfigError(f"'{key}' must be {names}, got "
+                          f"{type(value).__name__} {value!r}")
+    if field.choices is not None and value not in field.choices:
+        raise ConfigError(f"'{key}' must be one of {list(field.choices)}, "
+                          f"got {value!r}")
+    if field.min is not None and value < field.min:
+        raise ConfigError(f"'{key}' must be >= {field.min}, got {value!r}")
+    return value
+
+
+def _merge(cfg: Config, schema: Dict[str, Any], data: Any,
+           prefix: str) -> None:
+    if not isinstance(data, dict):
+        raise ConfigError(f"'{prefix.rstrip('.') or '<root>'}' must be a "
+                          f"mapping, got {type(data).__name__}")
+    for k, v in data.items():
+        key = f'{prefix}{k}'
+        if not isinstance(k, str) or k not in schema:
+            raise _unknown(key, schema.keys())
+        if isinstance(schema[k], dict):
+            _merge(cfg[k], schema[k], v, key + '.')
+        else:
+            cfg[k] = _coerce(key, v, schema[k])
+
+
+def parse_override(text: str) -> Tuple[str, Any]:
+    """``'gt.layers=3'`` -> ``('gt.layers', 3)`` (value parsed as YAML)."""
+    if '=' not in text:
+        raise ConfigError(f"override {text!r} must look like key=value")
+    key, raw = text.split('=', 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override {text!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override '{key}': cannot parse {raw!r}: {e}")
+    return key, value
+
+
+def _nest(key: str, value: Any) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    node = out
+    parts = key.split('.')
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+    return out
+
+
+def validate(cfg: Config) -> Config:
+    """Checks across keys (the per-key checks ran while merging)."""
+    local, glob = split_layer_type(cfg.gt.layer_type)
+    if local == 'None' and glob == 'None' and cfg.gt.layers > 0:
+        raise ConfigError("'gt.layer_type' None+None has neither a local nor "
+                          "a global model")
+    if cfg.gt.dim_hidden != cfg.gnn.dim_inner:
+        raise ConfigError(f"'gt.dim_hidden' ({cfg.gt.dim_hidden}) must match "
+                          f"'gnn.dim_inner' ({cfg.gnn.dim_inner})")
+    heads_needed = glob == 'Transformer' or local in ('DFGAT', 'DFGATv2',
+                                                      'DFTransformer')
+    if heads_needed and cfg.gt.dim_hidden % cfg.gt.n_heads:
+        raise ConfigError(f"'gt.dim_hidden' ({cfg.gt.dim_hidden}) must be a "
+                          f"multiple of 'gt.n_heads' ({cfg.gt.n_heads})")
+    if cfg.gt.layer_norm and cfg.gt.batch_norm:
+        raise ConfigError("'gt.layer_norm' and 'gt.batch_norm' are exclusive")
+    fmt = cfg.dataset.format
+    if fmt == 'SBM':
+        if cfg.dataset.name not in ('PATTERN', 'CLUSTER'):
+            raise ConfigError("'dataset.name' must be PATTERN or CLUSTER for "
+                              f"format SBM, got {cfg.dataset.name!r}")
+    elif not fmt.startswith('PyG-'):
+        raise ConfigError(f"'dataset.format' must be 'SBM' or "
+                          f"'PyG-<Dataset>', got {fmt!r}")
+    enc = cfg.dataset.node_encoder_name.split('+')
+    if enc[0] not in ('LinearNode', 'TypeDictNode') or any(
+            e != 'LapPE' for e in enc[1:]):
+        raise ConfigError("'dataset.node_encoder_name' must be LinearNode or "
+                          "TypeDictNode, optionally +LapPE, got "
+                          f"{cfg.dataset.node_encoder_name!r}")
+    if ('LapPE' in enc) != cfg.posenc_LapPE.enable:
+        raise ConfigError("'posenc_LapPE.enable' must be True exactly when "
+                          "'dataset.node_encoder_name' ends with +LapPE")
+    if cfg.posenc_LapPE.enable and cfg.posenc_LapPE.dim_pe >= \
+            cfg.gt.dim_hidden:
+        raise ConfigError("'posenc_LapPE.dim_pe' must be smaller than "
+                          "'gt.dim_hidden'")
+    regression = cfg.dataset.task_type == 'regression'
+    if regression != (cfg.model.loss_fun == 'l1'):
+        raise ConfigError("'model.loss_fun' must be l1 exactly when "
+                          "'dataset.task_type' is regression")
+    if regression != (cfg.metric_best == 'mae'):
+        raise ConfigError("'metric_best' must be mae exactly when "
+                          "'dataset.task_type' is regression")
+    want_agg = 'argmin' if cfg.metric_best == 'mae' else 'argmax'
+    if cfg.metric_agg != want_agg:
+        raise ConfigError(f"'metric_agg' must be {want_agg} for metric "
+                          f"{cfg.metric_best}")
+    return cfg
+
+
+def split_layer_type(layer_type: str) -> Tuple[str, str]:
+    """``'DFGAT+Transformer'`` -> ``('DFGAT', 'Transformer')``."""
+    parts = layer_type.split('+')
+    if len(parts) != 2:
+        raise ConfigError("'gt.layer_type' must be '<local>+<global>' with "
+                          f"local in {list(LOCAL_LAYERS)} and global in "
+                          f"{list(GLOBAL_LAYERS)}, got {layer_type!r}")
+    local, glob = parts
+    if local not in LOCAL_LAYERS:
+        raise ConfigError(f"'gt.layer_type': local model {local!r} must be "
+                          f"one of {list(LOCAL_LAYERS)}")
+    if glob not in GLOBAL_LAYERS:
+        raise ConfigError(f"'gt.layer_type': global model {glob!r} must be "
+                          f"one of {list(GLOBAL_LAYERS)}")
+    return local, glob
+
+
+def load_config(path: Optional[str] = None,
+                overrides: Optional[List[str]] = None,
+                data: Optional[Dict[str, Any]] = None) -> Config:
+    """Loads ``path`` (YAML) and/or ``data`` over the defaults, applies the
+    ``key=value`` ``overrides`` in order, and validates the result."""
+    cfg = default_config()
+    if path is not None:
+        if not os.path.isfile(path):
+            raise ConfigError(f"config file {path!r} does not exist")
+        with open(path) as f:
+            try:
+                loaded = yaml.safe_load(f)
+            except yaml.YAMLError as e:
+                raise ConfigError(f"{path}: invalid YAML: {e}") from None
+        if loaded is not None:
+            _merge(cfg, SCHEMA, loaded, '')
+        if cfg.name is None:
+            cfg.name = os.path.splitext(os.path.basename(path))[0]
+    if data is not None:
+        _merge(cfg, SCHEMA, data, '')
+    for text in overrides or []:
+        key, value = parse_override(text)
+        _merge(cfg, SCHEMA, _nest(key, value), '')
+    if cfg.name is None:
+        cfg.name = 'run'
+    return validate(cfg)
+
+
+def dump_config(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)

@@ -1,0 +1,382 @@
+"""Training loop: optimizer, schedule, losses, metrics, logging, checkpoints.
+
+``train(cfg)`` trains a :class:`~pyg_dfgnn.train.model.GPSModel` on the
+config's dataset and writes, under ``<out_dir>/<name>/<backend>-seed<seed>/``:
+
+* ``config.yaml`` - the full config the run used;
+* ``epochs.csv`` - one row per epoch (loss, metrics, lr, epoch time,
+  throughput);
+* ``results.json`` - config, per-epoch history, best epoch (by the validation
+  ``metric_best``), final metrics, parameter count, device, timings;
+* ``ckpt/last.pt`` - model, optimizer, scheduler, history and RNG state, from
+  which ``resume=True`` continues bit-for-bit on the CPU.
+
+Runs are seeded: the model init and dropout draw from ``torch.manual_seed(
+seed)`` and the training order of epoch ``e`` from a generator seeded with
+``(seed, e)``, so a resumed run repeats the uninterrupted one exactly.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import os.path as osp
+import random
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from pyg_dfgnn.train.config import Config, ConfigError, dump_config
+
+#: Config keys that may differ between a run and its resumption.
+RESUME_FREE_KEYS = ('device', 'num_threads', 'train.progress_bar',
+                    'train.num_workers', 'train.eval_period',
+                    'train.ckpt_period')
+
+CSV_FIELDS = ('epoch', 'train_loss', 'train_metric', 'val_loss',
+              'val_metric', 'test_loss', 'test_metric', 'lr', 'epoch_time_s',
+              'eval_time_s', 'graphs_per_s', 'nodes_per_s')
+
+
+# --------------------------------------------------------------- plumbing
+def set_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def resolve_device(cfg: Config) -> torch.device:
+    if cfg.device == 'cuda' and not torch.cuda.is_available():
+        raise ConfigError("'device' is cuda but no CUDA device is available")
+    if cfg.device == 'auto':
+        return torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+    return torch.device(cfg.device)
+
+
+def run_dir(cfg: Config) -> str:
+    return osp.join(cfg.out_dir, cfg.name, f'{cfg.backend}-seed{cfg.seed}')
+
+
+def make_optimizer(cfg: Config, params) -> torch.optim.Optimizer:
+    cls = torch.optim.AdamW if cfg.optim.optimizer == 'adamW' else \
+        torch.optim.Adam
+    return cls(params, lr=cfg.optim.base_lr,
+               weight_decay=cfg.optim.weight_decay)
+
+
+def lr_factor(cfg: Config, epoch: int) -> float:
+    """LR multiplier of epoch ``epoch`` (0-based). ``cosine_with_warmup``:
+    linear warm-up to the base LR over ``num_warmup_epochs`` epochs (epoch 0
+    already trains, at ``1 / (warmup + 1)``), then half a cosine to 0 at
+    ``max_epoch``."""
+    if cfg.optim.scheduler == 'none':
+        return 1.0
+    warmup, total = cfg.optim.num_warmup_epochs, cfg.optim.max_epoch
+    if epoch < warmup:
+        return (epoch + 1) / (warmup + 1)
+    progress = (epoch - warmup) / max(1, total - warmup)
+    return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+def make_scheduler(cfg: Config, opt) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda epoch: lr_factor(cfg, epoch))
+
+
+# ------------------------------------------------------- losses, metrics
+def weighted_cross_entropy(pred: Tensor, y: Tensor) -> Tensor:
+    """Cross-entropy with class weights ``(n - n_c) / n`` from the batch's
+    label counts (rare classes weigh more; absent classes weigh 0), as the
+    Benchmarking-GNNs SBM tasks are trained."""
+    counts = torch.bincount(y, minlength=pred.size(-1)).float()
+    weight = (counts.sum() - counts) / counts.sum()
+    weight = torch.where(counts > 0, weight, torch.zeros_like(weight))
+    return F.cross_entropy(pred, y, weight=weight)
+
+
+def compute_loss(loss_fun: str, pred: Tensor, y: Tensor) -> Tensor:
+    if loss_fun == 'weighted_cross_entropy':
+        return weighted_cross_entropy(pred, y)
+    if loss_fun == 'cross_entropy':
+        return F.cross_entropy(pred, y)
+    if loss_fun == 'l1':
+        return F.l1_loss(pred.view(-1), y.view(-1).float())
+    raise ValueError(f'unknown loss {loss_fun!r}')
+
+
+def accuracy_sbm(pred_label: Tensor, y: Tensor) -> float:
+    """Mean per-class recall over the classes present in ``y`` (the
+    Benchmarking-GNNs "weighted accuracy" of PATTERN / CLUSTER)."""
+    recalls = []
+    for c in torch.unique(y):
+        mask = y == c
+        recalls.append((pred_label[mask] == c).float().mean().item())
+    return float(np.mean(recalls)) if recalls else float('nan')
+
+
+def compute_metric(metric: str, pred: Tensor, y: Tensor) -> float:
+    if metric == 'mae':
+        return (pred.view(-1) - y.view(-1).float()).abs().mean().item()
+    label = pred.argmax(dim=-1)
+    if metric == 'accuracy':
+        return (label == y).float().mean().item()
+    return accuracy_sbm(label, y)
+
+
+# ------------------------------------------------------------------ loops
+def _sync(device: torch.device) -> None:
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
+
+
+def run_epoch(model, loader, cfg: Config, device: torch.device,
+              optimizer=None, desc: str = '') -> Dict[str, float]:
+    """One pass over ``loader``; trains when ``optimizer`` is given."""
+    from tqdm import tqdm
+    training = optimizer is not None
+    model.train(training)
+    preds: List[Tensor] = []
+    labels: List[Tensor] = []
+    total_loss = 0.0
+    graphs = nodes = 0
+    _sync(device)
+    start = time.perf_counter()
+    bar = tqdm(loader, desc=desc, leave=False, file=sys.stderr,
+               disable=not cfg.train.progress_bar, dynamic_ncols=True)
+    with torch.set_grad_enabled(training):
+        for batch in bar:
+            batch = batch.to(device)
+            pred = model(batch)
+            y = batch.y
+            loss = compute_loss(cfg.model.loss_fun, pred, y)
+            if training:
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if cfg.optim.clip_grad_norm:
+                    torch.nn.utils.clip_grad_norm_(
+                        model.parameters(), cfg.optim.clip_grad_norm_value)
+                optimizer.step()
+            total_loss += loss.item() * batch.num_graphs
+            graphs += batch.num_graphs
+            nodes += batch.num_nodes
+            preds.append(pred.detach().cpu())
+            labels.append(y.detach().cpu())
+            bar.set_postfix(loss=f'{loss.item():.4f}')
+    _sync(device)
+    seconds = time.perf_counter() - start
+    pred_all, y_all = torch.cat(preds), torch.cat(labels)
+    return {
+        'loss': total_loss / max(graphs, 1),
+        'metric': compute_metric(cfg.metric_best, pred_all, y_all),
+        'time_s': seconds,
+        'graphs_per_s': graphs / seconds if seconds > 0 else float('nan'),
+        'nodes_per_s': nodes / seconds if seconds > 0 else float('nan'),
+    }
+
+
+def _format_row(row: Dict[str, Any], header: bool = False) -> str:
+    cols = [('epoch', 5, 'd'), ('train_loss', 10, '.4f'),
+            ('train_metric', 12, '.4f'), ('val_loss', 8, '.4f'),
+            ('val_metric', 10, '.4f'), ('test_metric', 11, '.4f'),
+            ('lr', 9, '.2e'), ('epoch_time_s', 12, '.2f'),
+            ('graphs_per_s', 12, '.1f')]
+    if header:
+        return ' '.join(f'{name:>{w}}' for name, w, _ in cols)
+    out = []
+    for name, w, fmt in cols:
+        v = row.get(name)
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            out.append(f"{'-':>{w}}")
+        else:
+            out.append(f'{v:>{w}{fmt}}')
+    return ' '.join(out)
+
+
+def _atomic_save(obj: Any, path: str) -> None:
+    tmp = path + '.tmp'
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def _config_diff(a: Dict[str, Any], b: Dict[str, Any],
+                 prefix: str = '') -> List[str]:
+    keys = []
+    for k in sorted(set(a) | set(b)):
+        key = prefix + k
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            keys += _config_diff(va, vb, key + '.')
+        elif va != vb and key not in RESUME_FREE_KEYS:
+            keys.append(key)
+    return keys
+
+
+def _is_better(metric_agg: str, new: float, old: Optional[float]) -> bool:
+    if old is None or (isinstance(old, float) and math.isnan(old)):
+        return not math.isnan(new)
+    return new > old if metric_agg == 'argmax' else new < old
+
+
+def count_parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def train(cfg: Config, resume: bool = False, bundle=None,
+          stop_after_epochs: Optional[int] = None,
+          log: Callable[[str], None] = print) -> Dict[str, Any]:
+    """Trains per ``cfg``; returns (and writes) the results dict.
+
+    Args:
+        cfg: a validated :class:`Config`.
+        resume: continue from ``ckpt/last.pt`` of the run folder.
+        bundle: prebuilt :class:`~pyg_dfgnn.datasets.DatasetBundle` (else
+            built from ``cfg.dataset``).
+        stop_after_epochs: stop (as if interrupted) after this many epochs of
+            this call; for testing ``resume``.
+        log: where the table rows go.
+    """
+    from torch_geometric.loader import DataLoader
+
+    from pyg_dfgnn.datasets import build_datasets
+    from pyg_dfgnn.train.model import build_model
+
+    if cfg.wandb.use:
+        log('note: wandb logging is not supported; wandb.use is ignored')
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+    device = resolve_device(cfg)
+    set_seed(cfg.seed)
+    if bundle is None:
+        bundle = build_datasets(cfg)
+    set_seed(cfg.seed)  # model init independent of dataset generation
+    model = build_model(cfg, bundle.dim_in, bundle.dim_out,
+                        bundle.num_node_types).to(device)
+    optimizer = make_optimizer(cfg, model.parameters())
+    scheduler = make_scheduler(cfg, optimizer)
+
+    out = run_dir(cfg)
+    ckpt_path = osp.join(out, 'ckpt', 'last.pt')
+    history: List[Dict[str, Any]] = []
+    best: Optional[Dict[str, Any]] = None
+    start_epoch = 0
+    if resume:
+        if not osp.exists(ckpt_path):
+            raise FileNotFoundError(
+                f"--resume: no checkpoint at '{ckpt_path}' (run without "
+                f"--resume first, with the same config)")
+        ckpt = torch.load(ckpt_path, map_location=device, weights_only=False)
+        diff = _config_diff(ckpt['config'], cfg.to_dict())
+        if diff:
+            raise ConfigError(f"--resume: the config differs from the "
+                              f"checkpoint's in {diff}")
+        model.load_state_dict(ckpt['model'])
+        optimizer.load_state_dict(ckpt['optimizer'])
+        scheduler.load_state_dict(ckpt['scheduler'])
+        history, best = ckpt['history'], ckpt['best']
+        start_epoch = ckpt['epoch'] + 1
+        torch.set_rng_state(ckpt['rng_cpu'])
+        if device.type == 'cuda' and ckpt.get('rng_cuda') is not None:
+            torch.cuda.set_rng_state(ckpt['rng_cuda'], device)
+        log(f'resumed from {ckpt_path} at epoch {start_epoch}')
+    os.makedirs(osp.join(out, 'ckpt'), exist_ok=True)
+    with open(osp.join(out, 'config.yaml'), 'w') as f:
+        f.write(dump_config(cfg))
+
+    order = torch.Generator()
+    loader_kw = dict(batch_size=cfg.train.batch_size,
+                     num_workers=cfg.train.num_workers)
+    train_loader = DataLoader(bundle.train, shuffle=True, generator=order,
+                              **loader_kw)
+    eval_loaders = {split: DataLoader(ds, shuffle=False, **loader_kw)
+                    for split, ds in (('val', bundle.val),
+                                      ('test', bundle.test))}
+
+    num_params = count_parameters(model)
+    log(f"run {cfg.name}: {cfg.gt.layer_type} x{cfg.gt.layers}, "
+        f"dim {cfg.gt.dim_hidden}, backend {cfg.backend}, device {device}, "
+        f"{num_params} params, data {cfg.dataset.format}/{cfg.dataset.name} "
+        f"{len(bundle.train)}/{len(bundle.val)}/{len(bundle.test)} graphs")
+    log(_format_row({}, header=True))
+    for row in history:
+        log(_format_row(row))
+    t_run = time.perf_counter()
+    done = 0
+    for epoch in range(start_epoch, cfg.optim.max_epoch):
+        order.manual_seed(cfg.seed * 1_000_003 + epoch)
+        lr = optimizer.param_groups[0]['lr']
+        tr = run_epoch(model, train_loader, cfg, device, optimizer,
+                       desc=f'epoch {epoch} train')
+        scheduler.step()
+        row: Dict[str, Any] = {
+            'epoch': epoch, 'train_loss': tr['loss'],
+            'train_metric': tr['metric'], 'lr': lr,
+            'epoch_time_s': tr['time_s'],
+            'graphs_per_s': tr['graphs_per_s'],
+            'nodes_per_s': tr['nodes_per_s'],
+        }
+        last = epoch == cfg.optim.max_epoch - 1
+        if (epoch + 1) % cfg.train.eval_period == 0 or last:
+            eval_time = 0.0
+            for split, loader in eval_loaders.items():
+                ev = run_epoch(model, loader, cfg, device,
+                               desc=f'epoch {epoch} {split}')
+                row[f'{split}_loss'] = ev['loss']
+                row[f'{split}_metric'] = ev['metric']
+                eval_time += ev['time_s']
+            row['eval_time_s'] = eval_time
+            if _is_better(cfg.metric_agg, row['val_metric'],
+                          None if best is None else best['val_metric']):
+                best = dict(row)
+        history.append(row)
+        log(_format_row(row))
+        done += 1
+        stop = stop_after_epochs is not None and done >= stop_after_epochs
+        if cfg.train.enable_ckpt and (
+                (epoch + 1) % cfg.train.ckpt_period == 0 or last or stop):
+            _atomic_save({
+                'config': cfg.to_dict(), 'epoch': epoch,
+                'model': model.state_dict(),
+                'optimizer': optimizer.state_dict(),
+                'scheduler': scheduler.state_dict(),
+                'history': history, 'best': best,
+                'rng_cpu': torch.get_rng_state(),
+                'rng_cuda': (torch.cuda.get_rng_state(device)
+                             if device.type == 'cuda' else None),
+            }, ckpt_path)
+        if stop:
+            break
+
+    finished = bool(history) and history[-1]['epoch'] == \
+        cfg.optim.max_epoch - 1
+    results = {
+        'name': cfg.name, 'backend': cfg.backend, 'seed': cfg.seed,
+        'device': str(device),
+        'device_name': (torch.cuda.get_device_name(device)
+                        if device.type == 'cuda' else 'cpu'),
+        'torch': torch.__version__, 'num_params': num_params,
+        'metric': cfg.metric_best, 'epochs_done': len(history),
+        'finished': finished, 'wall_time_s': time.perf_counter() - t_run,
+        'best': best, 'final': history[-1] if history else None,
+        'history': history, 'config': cfg.to_dict(),
+        'dataset_sizes': {'train': len(bundle.train), 'val': len(bundle.val),
+                          'test': len(bundle.test)},
+    }
+    with open(osp.join(out, 'results.json'), 'w') as f:
+        json.dump(results, f, indent=2)
+    with open(osp.join(out, 'epochs.csv'), 'w', newline='') as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS,
+                                extrasaction='ignore')
+        writer.writeheader()
+        for row in history:
+            writer.writerow({k: row.get(k, '') for k in CSV_FIELDS})
+    if best is not None:
+        log(f"best epoch {best['epoch']}: val {cfg.metric_best} "
+            f"{best['val_metric']:.4f}, test {best['test_metric']:.4f}")
+    log(f'results: {osp.join(out, "results.json")}')
+    return results

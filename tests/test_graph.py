@@ -1,0 +1,313 @@
+"""DFGraph: the CSR / CSC format, its permutations, inputs and checks."""
+import pytest
+import torch
+from torch_geometric import EdgeIndex
+
+from pyg_dfgnn import DFGraph
+from pyg_dfgnn.dispatch import PMF, SMMF, choose_strategy
+from pyg_dfgnn.graph import _index_dtype, to_edge_index
+
+try:
+    from torch_sparse import SparseTensor
+except ImportError:  # pragma: no cover
+    SparseTensor = None
+
+
+def random_edge_index(n_src, n_dst, e, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randint(0, n_src, (e, ), generator=gen),
+                        torch.randint(0, n_dst, (e, ), generator=gen)])
+
+
+def sorted_unique(edge_index, n_src):
+    """Coalesced: sorted by (dst, src), no duplicates (what sparse layouts
+    store)."""
+    key = torch.unique(edge_index[1] * n_src + edge_index[0])
+    return torch.stack([key % n_src, key // n_src])
+
+
+def check_invariants(graph, edge_index, n_src, n_dst):
+    src, dst = edge_index
+    e = src.numel()
+    assert graph.num_src == n_src and graph.num_dst == n_dst
+    assert graph.num_edges == e
+    assert graph.rowptr.dtype == torch.int64
+    assert graph.col.dtype == torch.int32
+    assert graph.rowptr.shape == (n_dst + 1, ) and int(graph.rowptr[0]) == 0
+    assert int(graph.rowptr[-1]) == e
+    assert torch.equal(graph.in_degree, torch.bincount(dst, minlength=n_dst))
+    want_max = int(graph.in_degree.max()) if n_dst else 0
+    assert graph.max_in_degree == want_max
+    # perm maps each CSR edge to the input edge it is, in stable order.
+    perm = (torch.arange(e) if graph.perm is None else graph.perm.long())
+    if graph.perm is not None:
+        assert graph.perm.dtype == torch.int32
+    assert torch.equal(perm, torch.sort(dst, stable=True)[1])
+    assert torch.equal(graph.col.long(), src[perm])
+    assert torch.equal(graph.row, dst[perm])
+    # CSC: same edges grouped by source, csc_perm points back into CSR order.
+    colptr, csc_row, csc_perm = graph.csc()
+    assert csc_row.dtype == torch.int32 and csc_perm.dtype == torch.int32
+    assert torch.equal(colptr.diff(), torch.bincount(src, minlength=n_src))
+    csc_perm = csc_perm.long()
+    assert torch.equal(torch.sort(csc_perm)[0], torch.arange(e))
+    csc_col = graph.col.long()[csc_perm]
+    assert torch.equal(csc_col, torch.repeat_interleave(
+        torch.arange(n_src), colptr.diff()))
+    assert torch.equal(csc_row.long(), graph.row[csc_perm])
+    # Within one source, CSR ids ascend (the backward reads them in order).
+    same_src = csc_col[1:] == csc_col[:-1]
+    assert bool((csc_perm[1:][same_src] > csc_perm[:-1][same_src]).all())
+
+
+@pytest.mark.parametrize('n_src,n_dst,e', [(7, 7, 30), (50, 50, 400),
+                                           (9, 4, 25), (3, 11, 20),
+                                           (100, 100, 5)])
+@pytest.mark.parametrize('seed', [0, 1])
+def test_invariants_random(n_src, n_dst, e, seed):
+    ei = random_edge_index(n_src, n_dst, e, seed)
+    size = (n_src, n_dst)
+    graph = DFGraph.from_edge_index(ei, size=size)
+    check_invariants(graph, ei, n_src, n_dst)
+    assert graph.perm is not None  # random edges are not sorted
+
+
+def test_sorted_input_has_no_perm():
+    ei = sorted_unique(random_edge_index(20, 20, 80), 20)
+    graph = DFGraph.from_edge_index(ei, num_nodes=20)
+    assert graph.perm is None
+    check_invariants(graph, ei, 20, 20)
+
+
+@pytest.mark.parametrize('case', ['empty', 'empty_no_nodes', 'one_node',
+                                  'one_node_loop', 'isolated', 'super_node'])
+def test_invariants_edge_cases(case):
+    n = {'empty': 6, 'empty_no_nodes': 0, 'one_node': 1, 'one_node_loop': 1,
+         'isolated': 10, 'super_node': 40}[case]
+    if case in ('empty', 'empty_no_nodes', 'one_node'):
+        ei = torch.empty(2, 0, dtype=torch.long)
+    elif case == 'one_node_loop':
+        ei = torch.tensor([[0], [0]])
+    elif case == 'isolated':  # Nodes 5..9 have no edges at all.
+        ei = random_edge_index(5, 5, 12, seed=3)
+    else:  # Every other node points to node 7, plus a few random edges.
+        others = torch.tensor([i for i in range(n) if i != 7])
+        ei = torch.cat([torch.stack([others, torch.full_like(others, 7)]),
+                        random_edge_index(n, n, 15, seed=4)], 1)
+        ei = ei[:, torch.randperm(ei.size(1),
+                                  generator=torch.Generator().manual_seed(0))]
+    graph = DFGraph.from_edge_index(ei, num_nodes=n)
+    check_invariants(graph, ei, n, n)
+    if case == 'isolated':
+        assert bool((graph.in_degree[5:] == 0).all())
+    if case == 'super_node':
+        assert int(graph.in_degree[7]) >= n - 1
+        assert graph.max_in_degree == int(graph.in_degree[7])
+    if case.startswith('empty'):
+        assert graph.max_in_degree == 0 and graph.row.numel() == 0
+
+
+def test_strategy_switches_to_pmf_for_super_node():
+    # 8 rows of fp32 scores must fit 48 KB: max_in_degree * heads <= 1536.
+    assert choose_strategy(1536, 1) == SMMF
+    assert choose_strategy(1537, 1) == PMF
+    assert choose_strategy(192, 8) == SMMF and choose_strategy(193, 8) == PMF
+    assert choose_strategy(0, 1) == SMMF
+    small = torch.stack([torch.arange(1, 101), torch.zeros(100).long()])
+    assert DFGraph.from_edge_index(small, num_nodes=101).strategy(8) == SMMF
+    n = 2000
+    star = torch.stack([torch.arange(1, n), torch.zeros(n - 1).long()])
+    graph = DFGraph.from_edge_index(star, num_nodes=n)
+    assert graph.max_in_degree == n - 1
+    assert graph.strategy(1) == PMF and graph.strategy(4) == PMF
+    with pytest.raises(ValueError, match='num_heads'):
+        choose_strategy(10, 0)
+
+
+def test_index_dtype_falls_back_to_int64():
+    assert _index_dtype(10, 2**31 - 1) == torch.int32
+    assert _index_dtype(10, 2**31) == torch.int64
+    assert _index_dtype() == torch.int32
+
+
+def _assert_same_graph(a, b):
+    assert torch.equal(a.rowptr, b.rowptr) and torch.equal(a.col, b.col)
+    assert (a.num_src, a.num_dst) == (b.num_src, b.num_dst)
+    assert (a.perm is None) == (b.perm is None)
+    assert a.max_in_degree == b.max_in_degree
+
+
+@pytest.mark.parametrize('bipartite', [False, True])
+def test_input_types_give_identical_graphs(bipartite):
+    n_src, n_dst = (30, 12) if bipartite else (25, 25)
+    ei = sorted_unique(random_edge_index(n_src, n_dst, 150, seed=5), n_src)
+    value = torch.rand(ei.size(1))
+    ref = DFGraph.from_edge_index(ei, size=(n_src, n_dst))
+    inputs = [
+        EdgeIndex(ei, sparse_size=(n_src, n_dst)),
+        EdgeIndex(ei, sparse_size=(n_src, n_dst), sort_order='col'),
+        torch.sparse_coo_tensor(ei.flip(0), value, (n_dst, n_src)),
+        torch.sparse_coo_tensor(ei.flip(0), value,
+                                (n_dst, n_src)).to_sparse_csr(),
+    ]
+    if SparseTensor is not None:
+        inputs.append(SparseTensor(row=ei[1], col=ei[0], value=value,
+                                   sparse_sizes=(n_dst, n_src)))
+        inputs.append(SparseTensor(row=ei[1], col=ei[0],
+                                   sparse_sizes=(n_dst, n_src)))
+    for adj in inputs:
+        _assert_same_graph(DFGraph.from_edge_index(adj), ref)
+    # Unsorted inputs: same CSR after sorting, perm maps to input order.
+    shuffle = torch.randperm(ei.size(1),
+                             generator=torch.Generator().manual_seed(1))
+    for adj in (ei[:, shuffle], EdgeIndex(ei[:, shuffle],
+                                          sparse_size=(n_src, n_dst))):
+        graph = DFGraph.from_edge_index(adj, size=(n_src, n_dst))
+        assert torch.equal(graph.rowptr, ref.rowptr)
+        assert torch.equal(graph.perm.long(), torch.sort(
+            ei[1, shuffle], stable=True)[1])
+
+
+def test_uncoalesced_coo_keeps_multi_edges():
+    idx = torch.tensor([[2, 0, 2, 1], [1, 1, 1, 0]])  # (dst, src), (2,1) twice
+    adj = torch.sparse_coo_tensor(idx, torch.ones(4), (3, 2))
+    graph = DFGraph.from_edge_index(adj)
+    assert graph.num_edges == 4 and (graph.num_src, graph.num_dst) == (2, 3)
+    assert graph.in_degree.tolist() == [1, 1, 2]
+    assert torch.equal(graph.col.long(), idx[1][graph.perm.long()])
+
+
+def test_to_edge_index_conventions():
+    ei = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    assert to_edge_index(ei)[1] == (3, 3)
+    assert to_edge_index(ei, size=(5, 4))[1] == (5, 4)
+    if SparseTensor is not None:  # adj_t[i, j]: edge j -> i
+        adj_t = SparseTensor(row=torch.tensor([1]), col=torch.tensor([0]),
+                             sparse_sizes=(2, 3))
+        out, size = to_edge_index(adj_t)
+        assert out.tolist() == [[0], [1]] and size == (3, 2)
+
+
+@pytest.mark.parametrize('bad,err,match', [
+    (torch.tensor([[0., 1.], [1., 0.]]), TypeError, "'edge_index'.*integer"),
+    (torch.tensor([[True], [False]]), TypeError, "'edge_index'.*integer"),
+    (torch.tensor([0, 1, 2]), ValueError, r"'edge_index'.*shape \[2, num_e"),
+    (torch.zeros(3, 4, dtype=torch.long), ValueError, r"'edge_index'.*shape"),
+    (torch.tensor([[0, -1], [1, 0]]), ValueError, "'edge_index'.*negative"),
+    (torch.tensor([[0, 1], [1, 5]]), ValueError, "'edge_index'.*out of range"),
+    ([[0, 1], [1, 0]], TypeError, "'edge_index' must be a Tensor"),
+])
+def test_bad_input(bad, err, match):
+    with pytest.raises(err, match=match):
+        DFGraph.from_edge_index(bad, num_nodes=3)
+
+
+def test_bad_sizes():
+    ei = torch.tensor([[0, 1], [1, 2]])
+    with pytest.raises(ValueError, match='source'):
+        DFGraph.from_edge_index(ei, size=(1, 3))
+    with pytest.raises(ValueError, match='destination'):
+        DFGraph.from_edge_index(ei, size=(3, 2))
+    with pytest.raises(ValueError, match='EdgeIndex of sparse_size'):
+        DFGraph.from_edge_index(EdgeIndex(ei, sparse_size=(3, 3)),
+                                num_nodes=4)
+    adj_t = torch.sparse_coo_tensor(ei.flip(0), torch.ones(2), (3, 2))
+    with pytest.raises(ValueError, match=r'sparse_size.*\(2, 3\)'):
+        DFGraph.from_edge_index(adj_t, num_nodes=3)
+    if SparseTensor is not None:
+        with pytest.raises(ValueError, match='SparseTensor of sparse_size'):
+            DFGraph.from_edge_index(SparseTensor.from_torch_sparse_coo_tensor(
+                adj_t), size=(3, 3))
+
+
+def test_edge_index_claiming_col_order_but_unsorted():
+    ei = EdgeIndex(torch.tensor([[0, 1, 2], [0, 1, 2]]), sparse_size=(3, 3),
+                   sort_order='col')
+    DFGraph.from_edge_index(ei)
+    ei.as_tensor()[1, 0] = 2  # bypasses EdgeIndex's metadata
+    assert ei.is_sorted_by_col
+    with pytest.raises(ValueError, match="sort_order='col'.*not sorted"):
+        DFGraph.from_edge_index(ei)
+
+
+@pytest.mark.parametrize('kind', ['tensor', 'edge_index_setitem',
+                                  'edge_index_as_tensor', 'csr', 'sparse'])
+def test_check_fresh_after_in_place_change(kind):
+    ei = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    if kind == 'tensor':
+        adj = ei
+    elif kind.startswith('edge_index'):
+        adj = EdgeIndex(ei.clone(), sparse_size=(3, 3))
+    elif kind == 'csr':
+        adj = torch.sparse_coo_tensor(ei.flip(0), torch.ones(3),
+                                      (3, 3)).to_sparse_csr()
+    else:
+        if SparseTensor is None:
+            pytest.skip('torch_sparse not installed')
+        adj = SparseTensor(row=ei[1], col=ei[0], sparse_sizes=(3, 3))
+    graph = DFGraph.from_edge_index(adj)
+    graph.check_fresh()
+    assert graph.is_built_from(adj)
+    assert not graph.is_built_from(ei.clone())
+    if kind == 'tensor':
+        adj[0, 0] = 2
+    elif kind == 'edge_index_setitem':
+        adj[0, 0] = 2
+    elif kind == 'edge_index_as_tensor':
+        adj.as_tensor()[0, 0] = 2
+    elif kind == 'csr':
+        adj.col_indices()[0] = 2
+    else:
+        adj.storage.col()[0] = 2
+    with pytest.raises(ValueError, match='stale'):
+        graph.check_fresh()
+    assert not graph.is_built_from(adj)
+
+
+def test_to_same_device_and_repr():
+    graph = DFGraph.from_edge_index(torch.tensor([[0, 1], [1, 0]]))
+    assert graph.to('cpu') is graph and graph.cpu() is graph
+    assert 'num_edges=2' in repr(graph) and 'max_in_degree=1' in repr(graph)
+    with pytest.raises(ValueError, match='another graph'):
+        graph.check_sizes(3, 2)
+    graph.check_sizes(2, 2)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
+def test_cuda_build_equals_cpu_build():
+    ei = random_edge_index(300, 200, 3000, seed=9)
+    cpu = DFGraph.from_edge_index(ei, size=(300, 200))
+    cpu.csc()
+    for graph in (DFGraph.from_edge_index(ei.cuda(), size=(300, 200)),
+                  cpu.to('cuda')):
+        assert graph.device.type == 'cuda'
+        assert graph.max_in_degree == cpu.max_in_degree
+        for a, b in zip((graph.rowptr, graph.col, graph.perm) + graph.csc(),
+                        (cpu.rowptr, cpu.col, cpu.perm) + cpu.csc()):
+            assert a.is_cuda and a.dtype == b.dtype
+            assert torch.equal(a.cpu(), b)
+
+
+def test_sparse_tensor_lazy_fields_do_not_make_graph_stale():
+    if SparseTensor is None:
+        pytest.skip('torch_sparse not installed')
+    ei = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    for adj in (SparseTensor(row=ei[1], col=ei[0], sparse_sizes=(3, 3)),
+                SparseTensor(rowptr=torch.tensor([0, 1, 2, 3]), col=ei[0],
+                             sparse_sizes=(3, 3))):
+        graph = DFGraph.from_edge_index(adj)
+        adj.storage.row(), adj.storage.rowptr()
+        adj.fill_cache_()
+        graph.check_fresh()
+        assert graph.is_built_from(adj)
+
+
+def test_inference_mode_inputs():
+    # Inference tensors have no version counter: built, just not tracked.
+    with torch.inference_mode():
+        ei = torch.tensor([[0, 1, 2], [2, 0, 1]])
+        graph = DFGraph.from_edge_index(ei)
+        graph.check_fresh()
+        assert not graph.is_built_from(ei)
+        check_invariants(graph, ei, 3, 3)
