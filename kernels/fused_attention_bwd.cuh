@@ -38,9 +38,7 @@
 //     shared memory.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cstdint>
+#include "common.cuh"
 
 namespace pyg_dfgnn {
 namespace bwd {
@@ -48,57 +46,6 @@ namespace bwd {
 constexpr int kWarps = 16;
 constexpr int kThreads = kWarps * 32;
 enum : int { kKindDot = 0, kKindAdd = 1, kKindGatv2 = 2 };
-
-__device__ __forceinline__ float to_f(float x) { return x; }
-__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_f(__nv_bfloat16 x) {
-  return __bfloat162float(x);
-}
-template <typename T> __device__ __forceinline__ T from_f(float x);
-template <> __device__ __forceinline__ float from_f<float>(float x) {
-  return x;
-}
-template <> __device__ __forceinline__ __half from_f<__half>(float x) {
-  return __float2half_rn(x);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-
-// VEC elements at p (16-byte aligned when VEC > 1) -> fp32.
-template <typename T, int VEC>
-__device__ __forceinline__ void load_vec(const T* p, float (&o)[VEC]) {
-  if constexpr (VEC == 1) {
-    o[0] = to_f(*p);
-  } else {
-    static_assert(VEC * sizeof(T) == 16, "vectors are 16 bytes");
-    union { uint4 u; T e[VEC]; } r;
-    r.u = *reinterpret_cast<const uint4*>(p);
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) o[i] = to_f(r.e[i]);
-  }
-}
-
-template <typename T, int VEC>
-__device__ __forceinline__ void store_vec(T* p, const float (&x)[VEC],
-                                          float mul) {
-  if constexpr (VEC == 1) {
-    *p = from_f<T>(x[0] * mul);
-  } else {
-    union { uint4 u; T e[VEC]; } r;
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) r.e[i] = from_f<T>(x[i] * mul);
-    *reinterpret_cast<uint4*>(p) = r.u;
-  }
-}
-
-__device__ __forceinline__ float leaky(float z, float slope) {
-  return z > 0.f ? z : z * slope;
-}
-__device__ __forceinline__ float leaky_grad(float z, float slope) {
-  return z > 0.f ? 1.f : slope;
-}
 
 template <typename T>
 struct Params {
@@ -173,8 +120,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   auto group_sum2 = [&](float& a, float& b) {
     for (int o = 1; o < G; o <<= 1) {
-      a += __shfl_xor_sync(0xffffffffu, a, o);
-      b += __shfl_xor_sync(0xffffffffu, b, o);
+      a += __shfl_xor_sync(kFullMask, a, o);
+      b += __shfl_xor_sync(kFullMask, b, o);
     }
   };
   auto slot_sum = [&](float (&x)[NV][VEC]) {
@@ -183,7 +130,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int v = 0; v < NV; ++v)
 #pragma unroll
         for (int c = 0; c < VEC; ++c)
-          x[v][c] += __shfl_xor_sync(0xffffffffu, x[v][c], o);
+          x[v][c] += __shfl_xor_sync(kFullMask, x[v][c], o);
   };
 
   // ---- owner state
@@ -198,7 +145,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (hok) {
       const int64_t r = n * H + h;
       if constexpr (kAdd) {
-        oA[0][0] = to_f(P.own_a[r]);
+        oA[0][0] = to_float(P.own_a[r]);
       } else {
 #pragma unroll
         for (int v = 0; v < NV; ++v)
@@ -268,7 +215,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
         if constexpr (kAdd) {
-          nA[0][0] = to_f(pa[0]);
+          nA[0][0] = to_float(pa[0]);
         } else {
 #pragma unroll
           for (int v = 0; v < NV; ++v)
@@ -279,7 +226,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (okF[v]) load_vec<T, VEC>(pb + off[v], nB[v]);
       }
       float sp = 0.f, dp = 0.f;
-      float lz[NV][VEC];  // gatv2: leaky(z), then reused as leaky'(z)*att
+      float lz[NV][VEC];  // gatv2: leaky(z)
 #pragma unroll
       for (int v = 0; v < NV; ++v)
 #pragma unroll
@@ -288,7 +235,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           if constexpr (KIND == kKindDot) sp += oA[v][c] * nA[v][c];
           if constexpr (kGat) {
             const float z = oA[v][c] + nA[v][c];
-            lz[v][c] = leaky(z, P.slope);
+            lz[v][c] = leaky_relu(z, P.slope);
             sp += att[v][c] * lz[v][c];
           }
         }
@@ -298,8 +245,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       if constexpr (kGat) s = sp;
       if constexpr (kAdd) {
         const float z = oA[0][0] + nA[0][0];
-        s = leaky(z, P.slope);
-        gz = leaky_grad(z, P.slope);
+        s = leaky_relu(z, P.slope);
+        gz = leaky_relu_grad(z, P.slope);
       }
       const float lse_i = CSC ? n_lse : o_lse;
       const float dr_i = CSC ? n_dr : o_dr;
@@ -315,7 +262,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             if constexpr (KIND == kKindDot) accA[v][c] += ds * nA[v][c];
             if constexpr (kGat) {
               const float z = oA[v][c] + nA[v][c];
-              accA[v][c] += ds * att[v][c] * leaky_grad(z, P.slope);
+              accA[v][c] += ds * att[v][c] * leaky_relu_grad(z, P.slope);
               if constexpr (!CSC) attacc[v][c] += ds * lz[v][c];
             }
           }
@@ -335,16 +282,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (slot != 0 || !hok) return;
     const int64_t r = n * H + h;
     if constexpr (kAdd) {
-      if (g == 0) P.grad_a[r] = from_f<T>(a[0][0]);
+      if (g == 0) P.grad_a[r] = from_float<T>(a[0][0]);
     } else {
 #pragma unroll
       for (int v = 0; v < NV; ++v)
-        if (okD[v]) store_vec<T, VEC>(P.grad_a + r * D + off[v], a[v], dscale);
+        if (okD[v]) {
+          float x[VEC];
+#pragma unroll
+          for (int c = 0; c < VEC; ++c) x[c] = a[v][c] * dscale;
+          store_vec<T, VEC>(P.grad_a + r * D + off[v], x);
+        }
     }
     if constexpr (CSC) {
 #pragma unroll
       for (int v = 0; v < NV; ++v)
-        if (okF[v]) store_vec<T, VEC>(P.grad_b + r * F + off[v], b[v], 1.f);
+        if (okF[v]) store_vec<T, VEC>(P.grad_b + r * F + off[v], b[v]);
     } else {
       if (g == 0) P.drow[r] = o_dr;
     }
@@ -421,8 +373,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         hi = max(hi, x);
       }
       for (int o = 16; o; o >>= 1) {
-        lo = min(lo, (int64_t)__shfl_xor_sync(0xffffffffu, lo, o));
-        hi = max(hi, (int64_t)__shfl_xor_sync(0xffffffffu, hi, o));
+        lo = min(lo, (int64_t)__shfl_xor_sync(kFullMask, lo, o));
+        hi = max(hi, (int64_t)__shfl_xor_sync(kFullMask, hi, o));
       }
       __syncthreads();  // s_red readers of the previous range are done
       if (lane == 0) {
@@ -546,9 +498,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 }  // namespace pyg_dfgnn
 
 // ============================================================== host side
-#include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAException.h>
 
 namespace pyg_dfgnn {
 namespace bwd {
@@ -566,16 +516,6 @@ struct Args {
 template <typename T> void run_bwd(Args& a);
 
 namespace detail {
-
-template <typename A> struct DevType { using type = A; };
-template <> struct DevType<at::Half> { using type = __half; };
-template <> struct DevType<at::BFloat16> { using type = __nv_bfloat16; };
-
-inline int next_pow2(int x) {
-  int p = 1;
-  while (p < x) p <<= 1;
-  return p;
-}
 
 struct Layout {
   int VEC, NV, G, HP, S, HG;
@@ -669,12 +609,11 @@ template <typename T, int KIND>
 void run_kind(Args& a, const Layout& l) {
   const int dev = a.value.get_device();
   const auto fopt = a.value.options().dtype(at::kFloat);
-  using DT = typename DevType<T>::type;
+  using DT = T;
   auto ptr = [](const at::Tensor& t) {
-    return t.defined() ? reinterpret_cast<const DT*>(t.data_ptr<T>())
-                       : nullptr;
+    return t.defined() ? t.data_ptr<T>() : nullptr;
   };
-  auto mptr = [](at::Tensor& t) { return reinterpret_cast<DT*>(t.data_ptr<T>()); };
+  auto mptr = [](at::Tensor& t) { return t.data_ptr<T>(); };
   Params<DT> P{};
   P.H = (int)a.value.size(1);
   P.F = (int)a.value.size(2);
@@ -731,7 +670,7 @@ void run_kind(Args& a, const Layout& l) {
 }  // namespace detail
 
 template <typename T> void run_bwd(Args& a) {
-  using DT = typename detail::DevType<T>::type;
+  using DT = T;
   const int H = (int)a.value.size(1), F = (int)a.value.size(2);
   const int DA = a.kind == kKindAdd ? 1 : (int)a.query.size(2);
   const int V = 16 / (int)sizeof(DT);

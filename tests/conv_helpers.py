@@ -75,9 +75,9 @@ def run_both(pyg: Any, df: Any, leaves: Dict[str, Tensor],
     the float leaves and of every parameter. Returns both results."""
     results, grads = [], []
     for conv, is_df in ((pyg, False), (df, True)):
-        mine = {
+        mine = {  # index tensors are shared: the graph cache sees one
             k: (v.detach().clone().requires_grad_()
-                if v.is_floating_point() else v.clone())
+                if v.is_floating_point() else v)
             for k, v in leaves.items()
         }
         conv.zero_grad(set_to_none=True)

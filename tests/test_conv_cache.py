@@ -7,7 +7,7 @@ import pytest
 import torch
 from conv_helpers import make_pair, random_graph, run_both
 from torch_geometric import EdgeIndex
-from torch_geometric.typing import SparseTensor
+from torch_geometric.typing import WITH_TORCH_SPARSE, SparseTensor
 
 import pyg_dfgnn.nn.conv.utils as conv_utils
 from pyg_dfgnn import DFGraph
@@ -137,6 +137,8 @@ def test_other_formats_cached(fmt):
     if fmt == 'edge_index':
         adj = EdgeIndex(ei, sparse_size=(N, N))
     elif fmt == 'sparse_tensor':
+        if not WITH_TORCH_SPARSE:
+            pytest.skip('needs torch_sparse')
         adj = SparseTensor(row=ei[1], col=ei[0], sparse_sizes=(N, N))
     else:
         adj = torch.sparse_coo_tensor(ei.flip(0), torch.ones(ei.size(1)),
@@ -203,3 +205,16 @@ def test_stale_prebuilt_graph_is_refused():
     ei[0, 0] = (ei[0, 0] + 1) % N
     with pytest.raises(ValueError, match='stale'):
         DFGATConv(F_IN, C)(_x(), graph)
+
+
+def test_returned_edge_index_modified_in_place_is_not_reused():
+    pyg, df = make_pair('gat', F_IN, C)
+    ei = random_graph(N, N, 20, 1)
+    x = _x()
+    _, (ei_ret, _) = df(x, ei, return_attention_weights=True)
+    ei_ret.fill_(0)  # the user scribbles on what they got back
+    res_p, res_d = run_both(
+        pyg, df, dict(x=x),
+        lambda conv, t, _: conv(t['x'], ei, return_attention_weights=True))
+    assert torch.equal(res_d[1][0], res_p[1][0])
+    assert graph_cache_info()['builds'] == 1

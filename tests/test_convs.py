@@ -7,7 +7,7 @@ import pytest
 import torch
 from conv_helpers import PAIRS, make_pair, random_graph, run_both
 from torch_geometric import EdgeIndex
-from torch_geometric.typing import SparseTensor
+from torch_geometric.typing import WITH_TORCH_SPARSE, SparseTensor
 from torch_geometric.utils import add_self_loops, coalesce, remove_self_loops
 
 from pyg_dfgnn import DFGraph
@@ -17,6 +17,7 @@ from pyg_dfgnn.nn import (
     DFGATv2Conv,
     DFTransformerConv,
     clear_graph_cache,
+    graph_cache_info,
 )
 
 N, F_IN, C = 7, 5, 4
@@ -274,6 +275,8 @@ def _to_format(ei, fmt, n_src, n_dst):
     if fmt == 'edge_index':
         return EdgeIndex(ei, sparse_size=(n_src, n_dst))
     if fmt == 'sparse_tensor':
+        if not WITH_TORCH_SPARSE:
+            pytest.skip('needs torch_sparse')
         return SparseTensor(row=ei[1], col=ei[0],
                             sparse_sizes=(n_dst, n_src))
     adj = torch.sparse_coo_tensor(torch.stack([ei[1], ei[0]]),
@@ -314,14 +317,15 @@ def test_input_formats(name, fmt, loops, bipartite):
 
 
 @pytest.mark.parametrize('name', ['gat', 'gatv2', 'transformer'])
-def test_sparse_input_with_edge_attr_no_loops(name):
+@pytest.mark.parametrize('fmt', ['sparse_tensor', 'csr'])
+def test_sparse_input_with_edge_attr_no_loops(name, fmt):
     kwargs = dict(heads=2, edge_dim=3)
     if name != 'transformer':
         kwargs['add_self_loops'] = False
     pyg, df = make_pair(name, F_IN, C, **kwargs)
     ei = coalesce(random_graph(N, N, 16, 7), num_nodes=N)
-    # SparseTensor: edge_attr in the adjacency's CSR (destination-major)
-    adj = _to_format(ei, 'sparse_tensor', N, N)
+    # edge_attr in the adjacency's CSR (destination-major) order
+    adj = _to_format(ei, fmt, N, N)
     leaves = dict(x=_features(N, F_IN, 1), ea=_features(ei.size(1), 3, 2))
 
     def call(conv, t, is_df):
@@ -430,6 +434,35 @@ def test_lazy_in_channels():
         run_both(pyg.eval(), df.eval(), dict(x=x, ei=ei), _call())
 
 
+def test_lazy_edge_dim():
+    x, ei = _features(N, F_IN, 1), random_graph(N, N, 12, 1)
+    ea = _features(12, 3, 2)
+    for name in ('gat', 'gatv2', 'transformer'):
+        pyg_cls, df_cls = PAIRS[name]
+        pyg, df = pyg_cls(F_IN, C, edge_dim=-1), df_cls(F_IN, C, edge_dim=-1)
+        pyg(x, ei, ea), df(x, ei, ea)  # materialise lin_edge
+        df.load_state_dict(pyg.state_dict())
+        run_both(pyg.eval(), df.eval(), dict(x=x, ei=ei, ea=ea),
+                 _call(ea='ea'))
+
+
+@pytest.mark.parametrize('name', ['gat', 'gatv2', 'transformer', 'agnn'])
+def test_autocast(name):
+    """Under autocast the projections come out in bf16 while attention
+    parameters stay fp32: the op runs in the autocast dtype."""
+    args = () if name == 'agnn' else (F_IN, C)
+    kwargs = {} if name == 'agnn' else dict(heads=2)
+    if name in ('gat', 'gatv2', 'transformer'):
+        kwargs['edge_dim'] = 2
+    pyg, df = make_pair(name, *args, **kwargs)
+    x, ei = _features(N, F_IN, 1), random_graph(N, N, 20, 1)
+    extra = [] if 'edge_dim' not in kwargs else [_features(20, 2, 2)]
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out_p, out_d = pyg(x, ei, *extra), df(x, ei, *extra)
+    torch.testing.assert_close(out_d.float(), out_p.float(), atol=5e-2,
+                               rtol=5e-2)
+
+
 # ------------------------------------------------------------------ dropout
 @pytest.mark.parametrize('name', ['gat', 'gatv2', 'transformer'])
 def test_dropout_training(name):
@@ -461,7 +494,34 @@ def test_inference_mode_tensors():
         ei = random_graph(N, N, 12, 1)
         ea = _features(12, 2, 2)
         torch.testing.assert_close(df(x, ei, ea), pyg(x, ei, ea))
-        torch.testing.assert_close(df(x, ei, ea), pyg(x, ei, ea))
+        out_d, (ei_d, alpha_d) = df(x, ei, ea, return_attention_weights=True)
+        out_p, (ei_p, alpha_p) = pyg(x, ei, ea, return_attention_weights=True)
+        torch.testing.assert_close(out_d, out_p)
+        torch.testing.assert_close(alpha_d, alpha_p)
+        assert torch.equal(ei_d, ei_p)
+
+
+@pytest.mark.parametrize('name', ['gat', 'gatv2', 'transformer', 'agnn'])
+@pytest.mark.parametrize('loops', [True, False])
+def test_inference_then_training_on_the_same_graph(name, loops):
+    """The graph cached during an inference-mode evaluation is reused for
+    training (cached tensors must not be inference tensors)."""
+    args = () if name == 'agnn' else (F_IN, C)
+    kwargs = dict(heads=2, edge_dim=2) if name != 'agnn' else {}
+    if name != 'transformer':
+        kwargs['add_self_loops'] = loops
+    pyg, df = make_pair(name, *args, **kwargs)
+    x, ei = _features(N, F_IN, 1), random_graph(N, N, 20, 1)
+    leaves = dict(x=x, ei=ei)
+    extra = {}
+    if name != 'agnn':
+        leaves['ea'] = _features(20, 2, 2)
+        extra = dict(ea='ea', return_attention_weights=True)
+    with torch.inference_mode():
+        _call(**extra)(df, leaves, True)
+    pyg.train(), df.train()
+    run_both(pyg, df, leaves, _call(**extra))
+    assert graph_cache_info()['builds'] == 1
 
 
 # ---------------------------------------------------------------- bad input

@@ -100,6 +100,22 @@ def test_half_precision_on_cuda(name, dtype):
                                rtol=2e-2)
 
 
+@pytest.mark.parametrize('name', ['gat', 'gatv2', 'transformer', 'agnn'])
+def test_autocast_on_cuda(name):
+    args = () if name == 'agnn' else (16, 8)
+    kwargs = {} if name == 'agnn' else dict(heads=2)
+    pyg, df = make_pair(name, *args, **kwargs)
+    pyg, df = pyg.to(DEV), df.to(DEV)
+    x = torch.randn(200, 16, device=DEV, requires_grad=True)
+    ei = random_graph(200, 200, 1600, 2).to(DEV)
+    with torch.autocast('cuda', dtype=torch.float16):
+        out_p, out_d = pyg(x, ei), df(x, ei)
+    torch.testing.assert_close(out_d.float(), out_p.float(), atol=2e-2,
+                               rtol=2e-2)
+    out_d.float().sum().backward()
+    assert torch.isfinite(x.grad).all()
+
+
 @pytest.mark.parametrize('name,kwargs', [
     ('gat', dict(heads=2)),
     ('gat', dict(heads=2, edge_dim=3)),  # filled self-loop features

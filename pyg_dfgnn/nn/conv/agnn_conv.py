@@ -7,9 +7,11 @@ from torch.nn import Parameter
 from torch_geometric.nn.conv import MessagePassing
 
 from pyg_dfgnn.nn.conv.utils import (
+    cast,
     check_message_passing_config,
     check_node_features,
     check_not_explaining,
+    op_dtype,
     resolve_graph,
     resolve_sizes,
 )
@@ -102,7 +104,8 @@ class DFAGNNConv(MessagePassing):
             num_nodes if self.add_self_loops else None)
 
         x_norm = F.normalize(x, p=2., dim=-1).unsqueeze(1)
-        beta = self.beta.to(x.dtype)
-        out = fused_attention(structure.graph, 'dot', x.unsqueeze(1),
-                              beta * x_norm, x_norm)
+        query = self.beta * x_norm
+        dtype = op_dtype(x, query, x_norm)
+        value, query, key = cast(dtype, x.unsqueeze(1), query, x_norm)
+        out = fused_attention(structure.graph, 'dot', value, query, key)
         return out.squeeze(1)

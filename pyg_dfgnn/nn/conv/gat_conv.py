@@ -4,14 +4,19 @@ import torch
 from torch import Tensor
 from torch.nn import Parameter
 from torch_geometric.nn.conv import MessagePassing
-from torch_geometric.nn.dense.linear import Linear
+from torch_geometric.nn.dense.linear import (
+    Linear,
+    is_uninitialized_parameter,
+)
 from torch_geometric.nn.inits import glorot, zeros
 
 from pyg_dfgnn.nn.conv.utils import (
     attention_weights,
+    cast,
     check_message_passing_config,
     check_not_explaining,
     check_sparse_self_loops,
+    op_dtype,
     resolve_graph,
     resolve_sizes,
     split_node_features,
@@ -250,9 +255,13 @@ class DFGATConv(MessagePassing):
 
         edge_score: Optional[Tensor] = None
         if edge_attr is not None and self.lin_edge is not None:
-            edge_attr = structure.edge_attr(edge_attr, self.fill_value)
+            edge_attr = structure.edge_attr(edge_index, edge_attr,
+                                            self.fill_value)
             edge_score = self._edge_score(edge_attr)
 
+        dtype = op_dtype(x_src, alpha_dst, alpha_src, edge_score)
+        x_src, alpha_dst, alpha_src, edge_score = cast(
+            dtype, x_src, alpha_dst, alpha_src, edge_score)
         result = fused_attention(
             structure.graph, 'add', x_src, alpha_dst, alpha_src,
             negative_slope=self.negative_slope, edge_score=edge_score,
@@ -274,9 +283,13 @@ class DFGATConv(MessagePassing):
         return out
 
     def _edge_score(self, edge_attr: Tensor) -> Tensor:
+        H, C = self.heads, self.out_channels
+        if is_uninitialized_parameter(self.lin_edge.weight):  # lazy edge_dim
+            edge_feat = self.lin_edge(edge_attr).view(-1, H, C)
+            return (edge_feat * self.att_edge).sum(dim=-1)
         # a_e^T Theta_e e = e @ (Theta_e^T a_e): fold the attention vector
         # into the weight instead of materialising [E, H, C].
-        weight = self.lin_edge.weight.view(self.heads, self.out_channels, -1)
+        weight = self.lin_edge.weight.view(H, C, -1)
         folded = (weight * self.att_edge.view(self.heads, -1, 1)).sum(1)
         return edge_attr @ folded.t()
 

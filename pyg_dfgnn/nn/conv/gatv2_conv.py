@@ -9,9 +9,11 @@ from torch_geometric.nn.inits import glorot, zeros
 
 from pyg_dfgnn.nn.conv.utils import (
     attention_weights,
+    cast,
     check_message_passing_config,
     check_not_explaining,
     check_sparse_self_loops,
+    op_dtype,
     resolve_graph,
     resolve_sizes,
     split_node_features,
@@ -235,11 +237,15 @@ class DFGATv2Conv(MessagePassing):
                 raise ValueError(f"'edge_attr' was given but "
                                  f"'{self.__class__.__name__}' was built "
                                  f"without 'edge_dim'")
-            edge_attr = structure.edge_attr(edge_attr, self.fill_value)
+            edge_attr = structure.edge_attr(edge_index, edge_attr,
+                                            self.fill_value)
             edge_key = self.lin_edge(edge_attr).view(-1, H, C)
 
+        att = self.att.view(H, C)
+        dtype = op_dtype(x_l, x_r, att, edge_key)
+        x_l, x_r, att, edge_key = cast(dtype, x_l, x_r, att, edge_key)
         result = fused_attention(
-            structure.graph, 'gatv2', x_l, x_r, x_l, self.att.view(H, C),
+            structure.graph, 'gatv2', x_l, x_r, x_l, att,
             negative_slope=self.negative_slope, edge_key=edge_key,
             dropout=self.dropout, training=self.training,
             return_attention=bool(return_attention_weights))

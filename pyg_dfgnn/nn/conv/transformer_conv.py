@@ -8,8 +8,10 @@ from torch_geometric.nn.dense.linear import Linear
 
 from pyg_dfgnn.nn.conv.utils import (
     attention_weights,
+    cast,
     check_message_passing_config,
     check_not_explaining,
+    op_dtype,
     resolve_graph,
     resolve_sizes,
     split_node_features,
@@ -199,13 +201,17 @@ class DFTransformerConv(MessagePassing):
                 raise ValueError(f"'{self.__class__.__name__}' was built "
                                  f"with 'edge_dim' but no 'edge_attr' was "
                                  f"given")
-            edge_feat = self.lin_edge(structure.edge_attr(edge_attr))
+            edge_feat = self.lin_edge(
+                structure.edge_attr(edge_index, edge_attr))
             edge_feat = edge_feat.view(-1, H, C)
         elif edge_attr is not None:
             raise ValueError(f"'edge_attr' was given but "
                              f"'{self.__class__.__name__}' was built without "
                              f"'edge_dim'")
 
+        dtype = op_dtype(value, query, key, edge_feat)
+        value, query, key, edge_feat = cast(dtype, value, query, key,
+                                            edge_feat)
         want_alpha = isinstance(return_attention_weights, bool)
         # PyG returns the weights before dropout: with active dropout they
         # come from a second, dropout-free evaluation.

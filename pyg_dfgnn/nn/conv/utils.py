@@ -18,7 +18,9 @@ size-bounded cache shared by all conv instances:
   shape, device and ``_version``), so an ``edge_index`` modified in place is
   rebuilt, never served stale. The check reads no tensor data: no host sync;
 * tensors created in inference mode have no version counter: they are never
-  cached (built on every call).
+  cached (built on every call, from a normal-mode copy);
+* everything cached is made outside inference mode, so a graph first seen
+  under ``torch.inference_mode()`` (evaluation) can be reused for training.
 """
 from __future__ import annotations
 
@@ -76,44 +78,38 @@ class EdgeStructure:
 
     Three edge orders exist: the *input* order (the user's edges), the
     *PyG* order (input edges without self-loops, then one loop per node, as
-    :func:`~torch_geometric.utils.add_self_loops` appends them; equal to the
-    input order when no loops are added) and the *CSR* order of
-    :attr:`graph`.
+    :func:`~torch_geometric.utils.add_self_loops` appends them; the input
+    order when no loops are added) and the *CSR* order of :attr:`graph`.
 
-    Attributes:
+    Only the graph is built eagerly. What only some calls need (the
+    self-looped adjacency returned with attention weights, the edge-feature
+    maps) is built on first use from the user's adjacency, which the caller
+    passes again (the cache guarantees it is the same, unmodified object),
+    so that the cache holds no reference to it and little memory beyond the
+    graph.
+
+    Args:
         graph (DFGraph): the graph the op runs on (CSR by destination).
         num_input_edges (int): edges of the user's adjacency.
-        adj (any): the adjacency PyG's conv would hold after its self-loop
-            handling (returned with attention weights); ``None`` when that is
-            the user's own adjacency (not kept here, so the cache never keeps
-            a user's tensor alive).
-        attr_index (Tensor, optional): CSR edge -> row of ``[edge_attr;
-            loop_attr]`` (``None``: identity).
-        keep (Tensor, optional): input ids of the non-loop edges (when
-            self-loops are added).
-        kept_dst (Tensor, optional): their destinations (for ``fill_value``
-            reductions).
-        num_loops (int): self-loops appended (``-1``: none handled).
+        loops (int, optional): self-loops appended to the first ``loops``
+            nodes after removing existing ones (``None``: the user's edges
+            as they are).
     """
 
     def __init__(self, graph: DFGraph, num_input_edges: int,
-                 adj: Any = None, attr_index: Optional[Tensor] = None,
-                 keep: Optional[Tensor] = None,
-                 kept_dst: Optional[Tensor] = None, num_loops: int = -1,
-                 kept_dst_in_range: bool = True) -> None:
+                 loops: Optional[int] = None) -> None:
         self.graph = graph
         self.num_input_edges = num_input_edges
-        self.adj = adj
-        self.attr_index = attr_index
-        self.keep = keep
-        self.kept_dst = kept_dst
-        self.num_loops = num_loops
-        self.kept_dst_in_range = kept_dst_in_range
+        self.loops = loops
+        self._held: Optional[Tuple[Any, Tuple]] = None
+        self._keep: Optional[Tensor] = None
+        self._kept_dst: Optional[Tuple[Tensor, bool]] = None
+        self._attr_rows: Optional[Tensor] = None
         self._inv_perm: Optional[Tensor] = None
-        self._edge_index: Optional[Tensor] = None
+        self._graph_edge_index: Optional[Tensor] = None
 
     # ------------------------------------------------------------ edge attrs
-    def edge_attr(self, edge_attr: Tensor,
+    def edge_attr(self, adj: Any, edge_attr: Tensor,
                   fill_value: Any = None) -> Tensor:
         """User-order ``edge_attr`` [E_in, D] -> CSR order [E, D], with the
         self-loops' features made from ``fill_value`` as PyG does."""
@@ -132,16 +128,44 @@ class EdgeStructure:
             raise ValueError(f"'edge_attr' must have shape "
                              f"[{self.num_input_edges}, edge_dim] (one row "
                              f"per edge; got {list(edge_attr.shape)})")
-        if self.num_loops >= 0:
-            edge_attr = torch.cat(
-                [edge_attr, self._loop_attr(edge_attr, fill_value)], dim=0)
-        if self.attr_index is not None:
-            edge_attr = edge_attr.index_select(0, self.attr_index)
-        return edge_attr
+        if self.loops is None:
+            perm = self.graph.perm
+            return edge_attr if perm is None else edge_attr.index_select(
+                0, perm)
+        loop_attr = self._loop_attr(adj, edge_attr, fill_value)
+        return torch.cat([edge_attr, loop_attr], dim=0).index_select(
+            0, self._attr_index(adj))
 
-    def _loop_attr(self, edge_attr: Tensor, fill_value: Any) -> Tensor:
+    def _keep_index(self, adj: Any) -> Tensor:
+        """Input ids of the edges that are no self-loops."""
+        if self._keep is None:
+            ei = _plain_edge_index(adj)
+            with _cached_tensors():
+                self._keep = (ei[0] != ei[1]).nonzero().view(-1)
+        return self._keep
+
+    def _attr_index(self, adj: Any) -> Tensor:
+        """CSR edge -> row of ``[edge_attr; loop_attr]``."""
+        if self._attr_rows is None:
+            keep = self._keep_index(adj)
+            n_in, loops = self.num_input_edges, self.loops
+            assert loops is not None
+            with _cached_tensors():
+                rows = torch.cat([  # in PyG order
+                    keep,
+                    torch.arange(n_in, n_in + loops, device=keep.device)
+                ])
+            perm = self.graph.perm
+            with _cached_tensors():
+                self._attr_rows = rows if perm is None else \
+                    rows.index_select(0, perm)
+        return self._attr_rows
+
+    def _loop_attr(self, adj: Any, edge_attr: Tensor,
+                   fill_value: Any) -> Tensor:
         # Same rule as torch_geometric.utils.add_self_loops.
-        shape = (self.num_loops, ) + tuple(edge_attr.shape[1:])
+        assert self.loops is not None
+        shape = (self.loops, ) + tuple(edge_attr.shape[1:])
         if fill_value is None:
             return edge_attr.new_ones(shape)
         if isinstance(fill_value, (int, float)):
@@ -151,45 +175,101 @@ class EdgeStructure:
             if loop_attr.dim() != edge_attr.dim():
                 loop_attr = loop_attr.unsqueeze(0)
             return loop_attr.expand(shape)
-        if isinstance(fill_value, str):
-            from torch_geometric.utils import scatter
-            if not self.kept_dst_in_range:
-                raise ValueError(
-                    f"'fill_value' = '{fill_value}' aggregates the features "
-                    f"of the edges pointing to each node, but some edges "
-                    f"point to destinations >= {self.num_loops} (the nodes "
-                    f"that get self-loops); pass a float or Tensor "
-                    f"'fill_value' for this bipartite graph")
-            assert self.keep is not None and self.kept_dst is not None
-            kept = edge_attr.index_select(0, self.keep)
-            return scatter(kept, self.kept_dst, 0, self.num_loops,
-                           reduce=fill_value)
-        raise ValueError(f"'fill_value' must be a float, Tensor or str "
-                         f"(got {type(fill_value).__name__})")
+        if not isinstance(fill_value, str):
+            raise ValueError(f"'fill_value' must be a float, Tensor or str "
+                             f"(got {type(fill_value).__name__})")
+        from torch_geometric.utils import scatter
+        keep = self._keep_index(adj)
+        if self._kept_dst is None:
+            with _cached_tensors():
+                kept_dst = _plain_edge_index(adj)[1].index_select(0, keep)
+                kept_dst = kept_dst.to(torch.int64)
+            in_range = kept_dst.numel() == 0 or bool(
+                kept_dst.max() < self.loops)
+            self._kept_dst = (kept_dst, in_range)
+        kept_dst, in_range = self._kept_dst
+        if not in_range:
+            raise ValueError(
+                f"'fill_value' = '{fill_value}' aggregates the features of "
+                f"the edges pointing to each node, but some edges point to "
+                f"destinations >= {self.loops} (the nodes that get "
+                f"self-loops); pass a float or Tensor 'fill_value' for this "
+                f"bipartite graph")
+        return scatter(edge_attr.index_select(0, keep), kept_dst, 0,
+                       self.loops, reduce=fill_value)
 
     # ------------------------------------------------------------- attention
     def to_user_order(self, alpha: Tensor) -> Tensor:
-        """CSR-order alpha -> the order of :meth:`returned_adjacency`."""
+        """CSR-order alpha -> PyG order."""
         perm = self.graph.perm
         if perm is None:
             return alpha
         if self._inv_perm is None:
-            perm = perm.to(torch.int64)
-            self._inv_perm = torch.empty_like(perm).scatter_(
-                0, perm, torch.arange(perm.numel(), device=perm.device))
+            with _cached_tensors():
+                arange = torch.arange(perm.numel(), device=perm.device)
+                self._inv_perm = torch.empty_like(perm).scatter_(
+                    0, perm.to(torch.int64), arange.to(perm.dtype))
         return alpha.index_select(0, self._inv_perm)
 
-    def graph_edge_index(self) -> Tensor:
-        """``[2, E]`` edge_index of a user-given DFGraph, in its input
-        order."""
-        if self._edge_index is None:
-            g = self.graph
-            ei = torch.stack([g.col.to(torch.int64), g.row], dim=0)
-            if g.perm is not None:
-                ei = ei[:, self.to_user_order(
-                    torch.arange(g.num_edges, device=g.device))]
-            self._edge_index = ei
-        return self._edge_index
+    def returned_adjacency(self, adj: Any) -> Any:
+        """The adjacency PyG's conv holds after its self-loop handling (what
+        it returns with attention weights); a DFGraph's edge_index."""
+        if isinstance(adj, DFGraph):
+            if self._graph_edge_index is None:
+                g = self.graph
+                with _cached_tensors():
+                    ei = torch.stack([g.col.to(torch.int64), g.row], dim=0)
+                    self._graph_edge_index = ei.index_select(
+                        1, self.to_user_order(torch.arange(
+                            g.num_edges, device=g.device)))
+            return self._graph_edge_index
+        if self.loops is None:
+            return adj
+        # Rebuilt if the user modified a returned one in place.
+        if self._held is None or _version_of(self._held[0]) != \
+                self._held[1]:
+            with _cached_tensors():
+                held = with_self_loops(adj, self.loops)
+            self._held = (held, _version_of(held))
+        return self._held[0]
+
+
+def _cached_tensors():
+    """Context for making tensors that are cached: never inference tensors,
+    so a graph first used under ``torch.inference_mode()`` can later be
+    used for training."""
+    return torch.inference_mode(False)
+
+
+def _version_of(adj: Any) -> Optional[Tuple]:
+    """The adjacency's fingerprint; ``None`` for inference tensors (no
+    version counter; such structures are never cached)."""
+    return None if _is_inference(adj) else _fingerprint(adj)
+
+
+def _plain_edge_index(adj: Any) -> Tensor:
+    from torch_geometric import EdgeIndex
+    assert isinstance(adj, Tensor) and adj.layout == torch.strided
+    return adj.as_tensor() if isinstance(adj, EdgeIndex) else adj
+
+
+def with_self_loops(adj: Any, loops: int) -> Any:
+    """PyG's self-loop handling of the convs: remove existing loops, add one
+    to each of the first ``loops`` nodes (a SparseTensor: ``set_diag``)."""
+    from torch_geometric import EdgeIndex
+    from torch_geometric.utils import add_self_loops, remove_self_loops
+    if is_sparse_tensor(adj):
+        from torch_geometric.typing import torch_sparse
+        return torch_sparse.set_diag(adj)
+    if is_torch_sparse(adj):  # loops on the diagonal of the matrix
+        return add_self_loops(remove_self_loops(adj)[0])[0]
+    if isinstance(adj, EdgeIndex):  # PyG keeps it an EdgeIndex
+        return add_self_loops(remove_self_loops(adj)[0], num_nodes=loops)[0]
+    # Same result as PyG's, without its boolean-mask indexing (two orders
+    # of magnitude slower than index_select on CPU).
+    keep = (adj[0] != adj[1]).nonzero().view(-1)
+    loop = torch.arange(loops, device=adj.device).view(1, -1).repeat(2, 1)
+    return torch.cat([adj.index_select(1, keep), loop], dim=1)
 
 
 def _check_device(adj: Any, device: torch.device, name: str) -> None:
@@ -205,58 +285,22 @@ def _build(adj: Any, num_src: int, num_dst: int, loops: Optional[int],
     remove existing loops, append ``loops`` new ones), ``None``: keep the
     graph as it is."""
     from torch_geometric import EdgeIndex
-    from torch_geometric.utils import add_self_loops, remove_self_loops
 
     size = (num_src, num_dst)
     if is_sparse_tensor(adj):
-        n_in = adj.nnz()
-        if loops is not None:
-            from torch_geometric.typing import torch_sparse
-            adj = torch_sparse.set_diag(adj)
-        graph = DFGraph.from_edge_index(adj, size=size, name=name)
-        return EdgeStructure(graph, n_in, adj if loops is not None else None,
-                             _long(graph.perm))
-    if is_torch_sparse(adj):
-        n_in = adj._nnz()
-        if loops is not None:
-            adj = remove_self_loops(adj)[0]
-            adj = add_self_loops(adj)[0]
-        graph = DFGraph.from_edge_index(adj, size=size, name=name)
-        return EdgeStructure(graph, n_in, adj if loops is not None else None,
-                             _long(graph.perm))
-
-    if not isinstance(adj, Tensor):
-        raise TypeError(f"'{name}' must be a Tensor, EdgeIndex, SparseTensor, "
-                        f"torch.sparse tensor or DFGraph (got "
-                        f"{type(adj).__name__})")
-    # Validates dtype, shape and an EdgeIndex's sparse_size.
-    plain, _ = to_edge_index(adj, size, name)
-    n_in = plain.size(1)
-    if loops is None:
-        graph = DFGraph.from_edge_index(adj, size=size, name=name)
-        return EdgeStructure(graph, n_in, None, _long(graph.perm))
-
-    keep = (plain[0] != plain[1]).nonzero().view(-1)
-    kept_dst = plain[1].index_select(0, keep).to(torch.int64)
-    in_range = kept_dst.numel() == 0 or bool(kept_dst.max() < loops)
-    # The adjacency PyG's conv would hold (an EdgeIndex stays one):
-    with_loops = add_self_loops(remove_self_loops(adj)[0], num_nodes=loops)[0]
-    full = with_loops.as_tensor() if isinstance(with_loops, EdgeIndex) \
-        else with_loops
-    graph = DFGraph.from_edge_index(full, size=size, name=name)
-    # PyG-order edge -> row of [edge_attr; loop_attr]:
-    source_row = torch.cat([
-        keep,
-        torch.arange(n_in, n_in + loops, device=keep.device),
-    ])
-    if graph.perm is not None:
-        source_row = source_row.index_select(0, graph.perm.to(torch.int64))
-    return EdgeStructure(graph, n_in, with_loops, source_row, keep, kept_dst,
-                         loops, in_range)
-
-
-def _long(t: Optional[Tensor]) -> Optional[Tensor]:
-    return None if t is None else t.to(torch.int64)
+        num_edges = adj.nnz()
+    elif is_torch_sparse(adj):
+        num_edges = adj._nnz()
+    else:
+        # Validates dtype, shape and an EdgeIndex's sparse_size first.
+        num_edges = to_edge_index(adj, size, name)[0].size(1)
+    source = adj
+    if loops is not None:
+        source = with_self_loops(adj, loops)
+        if isinstance(source, EdgeIndex):
+            source = source.as_tensor()
+    graph = DFGraph.from_edge_index(source, size=size, name=name)
+    return EdgeStructure(graph, num_edges, loops)
 
 
 def _evict(key: Tuple) -> None:
@@ -287,8 +331,7 @@ def resolve_graph(adj: Any, num_src: int, num_dst: int,
         # (DFGraph.to() copies attributes, hence the identity check).
         structure = getattr(adj, '_dfgnn_structure', None)
         if structure is None or structure.graph is not adj:
-            structure = EdgeStructure(adj, adj.num_edges, None,
-                                      _long(adj.perm))
+            structure = EdgeStructure(adj, adj.num_edges)
             adj._dfgnn_structure = structure
         return structure
     if not isinstance(adj, Tensor) and not is_sparse_tensor(adj):
@@ -299,9 +342,8 @@ def resolve_graph(adj: Any, num_src: int, num_dst: int,
 
     if _is_inference(adj):
         _stats['builds'] += 1
-        with torch.inference_mode(False):
-            return _build(_clone_adjacency(adj), num_src, num_dst, loops,
-                          name)
+        with _cached_tensors():
+            return _build(adj.clone(), num_src, num_dst, loops, name)
 
     key = (id(adj), num_src, num_dst, loops)
     entry = _cache.get(key)
@@ -311,7 +353,8 @@ def resolve_graph(adj: Any, num_src: int, num_dst: int,
             _cache.move_to_end(key)
             _stats['hits'] += 1
             return structure
-    structure = _build(adj, num_src, num_dst, loops, name)
+    with _cached_tensors():
+        structure = _build(adj, num_src, num_dst, loops, name)
     _stats['builds'] += 1
     # Fingerprint after the build: it may fill a SparseTensor's lazy fields.
     _cache[key] = (weakref.ref(adj, lambda _, key=key: _evict(key)),
@@ -320,12 +363,6 @@ def resolve_graph(adj: Any, num_src: int, num_dst: int,
     while len(_cache) > MAX_CACHED_GRAPHS:
         _cache.popitem(last=False)
     return structure
-
-
-def _clone_adjacency(adj: Any) -> Any:
-    """A normal-mode copy of an inference-mode adjacency (the DFGraph needs a
-    version counter to track its source)."""
-    return adj.clone()
 
 
 def attention_weights(structure: EdgeStructure, adj: Any, alpha: Tensor,
@@ -341,15 +378,33 @@ def attention_weights(structure: EdgeStructure, adj: Any, alpha: Tensor,
             (TransformerConv).
     """
     alpha = structure.to_user_order(alpha)
-    held = structure.adj if structure.adj is not None else adj
-    if isinstance(held, DFGraph):
-        return structure.graph_edge_index(), alpha
+    held = structure.returned_adjacency(adj)
     if is_sparse_tensor(held):
         return held.set_value(alpha, layout='coo')
     if is_torch_sparse(held) and sparse_values:
         from torch_geometric.utils.sparse import set_sparse_value
         return set_sparse_value(held, alpha), alpha
     return held, alpha
+
+
+def op_dtype(*tensors: Optional[Tensor]) -> torch.dtype:
+    """The dtype the fused op runs in: autocast's where autocast is on for
+    the tensors' device (the projections then come out in it while the
+    attention parameters stay fp32), else the promoted dtype of all."""
+    first = tensors[0]
+    assert first is not None
+    device_type = first.device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    dtype = first.dtype
+    for t in tensors[1:]:
+        if t is not None:
+            dtype = torch.promote_types(dtype, t.dtype)
+    return dtype
+
+
+def cast(dtype: torch.dtype, *tensors: Optional[Tensor]) -> Tuple:
+    return tuple(None if t is None else t.to(dtype) for t in tensors)
 
 
 def split_node_features(

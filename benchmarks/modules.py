@@ -1,0 +1,284 @@
+"""Module-level benchmark: our convs vs the PyG convs they replace.
+
+Each pair is built with the same constructor arguments and our conv gets the
+PyG conv's weights (``load_state_dict``), then on the same input and graph:
+forward (no grad) and forward+backward (a training step's compute, input
+requiring grad) median times, peak extra memory of the training step, and
+the relative error of our output and gradients against PyG's. The PyG
+figures of ``shared/anchors.md`` (H200) are kept in the JSON for reference;
+PyG is timed live. Prints a table and saves JSON.
+
+    python benchmarks/modules.py                         # batch + small graphs
+    python benchmarks/modules.py --graphs reddit-like-1/5 --convs gat,gt
+    python benchmarks/modules.py --quick                 # smoke run (CPU too)
+
+Convs of pyg_dfgnn.nn that do not exist (yet) are skipped with a note.
+"""
+import argparse
+import os
+import sys
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]  # graphs/timing; pyg_dfgnn
+from graphs import DEFAULT_GRAPHS, GRAPHS, make_graph  # noqa: E402
+from timing import (Timer, default_out, environment, free_memory,  # noqa
+                    is_oom, peak_memory_mb, print_table, rel_err, save_json)
+from kernels import DTYPES  # noqa: E402
+
+IN_CHANNELS = 128
+
+# name -> (PyG class, our class, constructor args, kwargs)
+CONVS = {
+    'gt': ('TransformerConv', 'DFTransformerConv', (128, 128), {}),
+    'gat': ('GATConv', 'DFGATConv', (128, 128), {}),
+    'gat-8h': ('GATConv', 'DFGATConv', (128, 16), {'heads': 8}),
+    'gatv2': ('GATv2Conv', 'DFGATv2Conv', (128, 128), {}),
+    # PyG's default keeps beta fixed; a trained beta is the harder case
+    'agnn': ('AGNNConv', 'DFAGNNConv', (), {'requires_grad': True}),
+}
+
+# shared/anchors.md, PyG 2.8 on one H200, fp32: fwd ms, fwd+bwd ms, peak GB
+PYG_ANCHORS_H200 = {
+    ('pattern-like', 'gt'): (16.5, 41.7, 15.0),
+    ('pattern-like', 'gat'): (7.5, 19.9, 10.1),
+    ('pattern-like', 'gat-8h'): (21.0, 40.5, 10.8),
+    ('pattern-like', 'gatv2'): (19.6, 46.8, 15.0),
+    ('pattern-like', 'agnn'): (16.3, 41.0, 15.0),
+    ('reddit-like-1/5', 'gt'): (44.7, 109, 39),
+    ('reddit-like-1/5', 'gat'): (21.6, 52.4, 26),
+}
+# anchors.md "Our targets", module level: fwd+bwd speedup, memory ratio
+TARGET_FB_BATCH, TARGET_FB_SMALL, TARGET_MEM = 20.0, 25.0, 30.0
+SMALL_GRAPHS = ('cora-like', 'pubmed-like')
+
+
+def describe(name: str) -> str:
+    pyg_name, _, args, kwargs = CONVS[name]
+    inner = ', '.join([str(a) for a in args] +
+                      [f'{k}={v}' for k, v in kwargs.items()])
+    return f'{pyg_name}({inner})'
+
+
+def build_pair(name: str, device, dtype, seed: int):
+    """``(pyg_conv, our_conv or None, note)`` with copied weights."""
+    import torch_geometric.nn as pyg_nn
+    pyg_name, our_name, args, kwargs = CONVS[name]
+    torch.manual_seed(seed)
+    ref = getattr(pyg_nn, pyg_name)(*args, **kwargs)
+    ref = ref.to(device, dtype)
+    try:
+        import pyg_dfgnn.nn as df_nn
+        our_cls = getattr(df_nn, our_name)
+    except (ImportError, AttributeError) as e:
+        return ref, None, f'{our_name} unavailable ({e.__class__.__name__})'
+    ours = our_cls(*args, **kwargs).to(device, dtype)
+    try:
+        ours.load_state_dict(ref.state_dict())
+    except RuntimeError as e:
+        return ref, ours, f'weights not copied: {str(e).splitlines()[0]}'
+    return ref, ours, ''
+
+
+def _guard(fn: Callable):
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - only OOM is swallowed
+        if is_oom(e):
+            return 'OOM'
+        raise
+
+
+def _grads(module: torch.nn.Module, x: torch.Tensor, edge_index,
+           grad: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """One training step's compute: output, dx and the parameter grads by
+    parameter name."""
+    module.zero_grad(set_to_none=True)
+    x.grad = None
+    out = module(x, edge_index)
+    out.backward(grad)
+    res = {'out': out.detach(), 'x': x.grad}
+    res.update((f'param {n}', p.grad) for n, p in module.named_parameters())
+    return res
+
+
+def _grad_error(got: Dict, want: Dict) -> float:
+    """Max of the relative errors of dx and of all parameter gradients taken
+    together (one parameter's gradient can be zero in exact arithmetic, e.g.
+    TransformerConv's key bias, which makes its own relative error noise)."""
+    def flat(grads: Dict, like: Dict):
+        return torch.cat([
+            (grads.get(k) if grads.get(k) is not None else
+             torch.zeros_like(like[k])).reshape(-1).double()
+            for k in sorted(like) if k.startswith('param ')
+            and like[k] is not None])
+    errs = [rel_err(got['x'], want['x'])] if want['x'] is not None else []
+    if any(k.startswith('param ') and v is not None for k, v in want.items()):
+        errs.append(rel_err(flat(got, want), flat(want, want)))
+    return max(errs) if errs else 0.0
+
+
+def bench_pair(conv: str, graph_name: str, edge_index, num_nodes: int,
+               dtype_name: str, timer: Timer, device, seed: int) -> Dict:
+    dtype = DTYPES[dtype_name]
+    row: Dict = dict(graph=graph_name, conv=conv, module=describe(conv),
+                     dtype=dtype_name, num_nodes=num_nodes,
+                     num_edges=edge_index.size(1))
+    ref, ours, note = build_pair(conv, device, dtype, seed)
+    row['note'] = note
+    gen = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(num_nodes, IN_CHANNELS, generator=gen, device=device,
+                    dtype=torch.float32).to(dtype).requires_grad_(True)
+    with torch.no_grad():
+        out_shape = ref(x, edge_index).shape
+    grad = torch.randn(out_shape, generator=gen, device=device,
+                       dtype=torch.float32).to(dtype)
+    free_memory(device)
+
+    def fwd(m):
+        def run():
+            with torch.no_grad():
+                return m(x, edge_index)
+        return run
+
+    def step(m):
+        return lambda: _grads(m, x, edge_index, grad)
+
+    modules = {'pyg': ref, 'ours': ours}
+    for who, m in modules.items():
+        if m is None:
+            for key in ('fwd', 'fb', 'mem_mb'):
+                row[f'{who}_{key}'] = None
+            continue
+        m.train()
+        row[f'{who}_fwd'] = _guard(lambda: timer(fwd(m)))
+        free_memory(device)
+        row[f'{who}_fb'] = _guard(lambda: timer(step(m)))
+        free_memory(device)
+        row[f'{who}_mem_mb'] = _guard(lambda: peak_memory_mb(step(m), device))
+        free_memory(device)
+
+    row['err_fwd'] = row['err_bwd'] = None
+    if ours is not None and not note:
+        got = _guard(lambda: _grads(ours, x, edge_index, grad))
+        want = _guard(lambda: _grads(ref, x, edge_index, grad)) \
+            if got != 'OOM' else 'OOM'
+        if 'OOM' in (got, want):
+            row['err_fwd'] = row['err_bwd'] = 'OOM'
+        else:
+            row['err_fwd'] = rel_err(got['out'], want['out'])
+            row['err_bwd'] = _grad_error(got, want)
+        del got, want
+        free_memory(device)
+
+    num = lambda v: v if isinstance(v, float) else None  # noqa: E731
+    ratio = lambda a, b: a / b if a is not None and b else None  # noqa
+    row['x_fwd'] = ratio(num(row['pyg_fwd']), num(row['ours_fwd']))
+    row['x_fb'] = ratio(num(row['pyg_fb']), num(row['ours_fb']))
+    row['x_mem'] = ratio(num(row['pyg_mem_mb']), num(row['ours_mem_mb']))
+    row['pyg_anchor_h200'] = PYG_ANCHORS_H200.get((graph_name, conv))
+    row['target'] = _target(graph_name, row) if x.is_cuda else None
+    del ref, ours, x, grad
+    free_memory(device)
+    return row
+
+
+def _target(graph_name: str, row: Dict) -> Optional[str]:
+    """'ok' / 'MISS' against the module targets of anchors.md."""
+    if row['x_fb'] is None:
+        return None
+    want = TARGET_FB_SMALL if graph_name in SMALL_GRAPHS else TARGET_FB_BATCH
+    checks = [row['x_fb'] >= want]
+    if row['x_mem'] is not None:
+        checks.append(row['x_mem'] >= TARGET_MEM)
+    return 'ok' if all(checks) else 'MISS'
+
+
+def print_rows(rows: List[Dict]) -> None:
+    headers = ['graph', 'module', 'dtype', 'fwd ms', 'PyG fwd', 'x fwd',
+               'f+b ms', 'PyG f+b', 'x f+b', 'MB', 'PyG MB', 'x mem',
+               'err fwd', 'err bwd', 'target', 'note']
+    err = lambda e: e if isinstance(e, str) or e is None else f'{e:.1e}'  # noqa
+    table = [[r['graph'], r['module'], r['dtype'], r['ours_fwd'],
+              r['pyg_fwd'], r['x_fwd'], r['ours_fb'], r['pyg_fb'], r['x_fb'],
+              r['ours_mem_mb'], r['pyg_mem_mb'], r['x_mem'],
+              err(r['err_fwd']), err(r['err_bwd']), r['target'] or '—',
+              r['note']] for r in rows]
+    print_table(headers, table)
+    print('times in ms (medians), fwd without grad, f+b = forward+backward '
+          'of a training step; x = PyG / ours; MB = peak extra memory of the '
+          'step; err = rel. error of our output / gradients vs PyG')
+
+
+def main(argv=None) -> List[Dict]:
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--graphs', default=','.join(DEFAULT_GRAPHS),
+                        help=f'comma-separated, from {",".join(GRAPHS)}')
+    parser.add_argument('--convs', default=','.join(CONVS),
+                        help=f'comma-separated, from {",".join(CONVS)}')
+    parser.add_argument('--dtype', default='fp32',
+                        help='comma-separated: fp32, bf16, fp16')
+    parser.add_argument('--quick', action='store_true',
+                        help='smoke run: cora-like + pattern-like (tiny '
+                        'cora-like + mnist-like on a CPU), short timing')
+    parser.add_argument('--scale', type=float, default=None,
+                        help='shrink the graphs (default 1, 0.05 on a CPU '
+                        'with --quick)')
+    parser.add_argument('--device', default=None,
+                        help='default: cuda if available, else cpu')
+    parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--out', default=None, help='JSON path (default '
+                        'benchmarks/results/modules-<gpu>-<date>.json)')
+    args = parser.parse_args(argv)
+
+    device = torch.device(args.device or (
+        'cuda' if torch.cuda.is_available() else 'cpu'))
+    graphs, convs = args.graphs.split(','), args.convs.split(',')
+    dtypes, scale = args.dtype.split(','), args.scale
+    if args.quick:
+        if args.graphs == parser.get_default('graphs'):
+            graphs = ['cora-like', 'pattern-like'] if device.type == 'cuda' \
+                else ['cora-like', 'mnist-like']
+        if scale is None and device.type != 'cuda':
+            scale = 0.05
+    if device.type == 'cpu':
+        torch.set_num_threads(1)  # stable CPU timings on a shared machine
+    scale = scale or 1.0
+    for name, known in ((graphs, GRAPHS), (convs, CONVS), (dtypes, DTYPES)):
+        for n in name:
+            if n not in known:
+                parser.error(f"unknown '{n}' (have {list(known)})")
+
+    timer = Timer(device, warmup_ms=10 if args.quick else 25,
+                  rep_ms=30 if args.quick else 200,
+                  max_reps=50 if args.quick else 500)
+    env = environment(device)
+    print(f"device: {env['device']} | torch {env['torch']} | torch_geometric "
+          f"{env.get('torch_geometric')} | scale {scale}")
+    rows = []
+    for graph_name in graphs:
+        edge_index, n = make_graph(graph_name, device, args.seed, scale)
+        print(f'{graph_name}: {n:,} nodes, {edge_index.size(1):,} edges',
+              flush=True)
+        for conv in convs:
+            for dtype_name in dtypes:
+                rows.append(bench_pair(conv, graph_name, edge_index, n,
+                                       dtype_name, timer, device, args.seed))
+                if rows[-1]['note']:
+                    print(f"  {describe(conv)}: {rows[-1]['note']}")
+        del edge_index
+        free_memory(device)
+    print()
+    print_rows(rows)
+    out = args.out or default_out('modules', device)
+    save_json(out, dict(benchmark='modules', env=env, scale=scale,
+                        quick=args.quick, rows=rows))
+    return rows
+
+
+if __name__ == '__main__':
+    main()
