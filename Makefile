@@ -9,7 +9,8 @@ STAMP := $(VENV)/.installed
 
 # Pins: the CPU torch first, so that pip never pulls a CUDA torch for the
 # package's `torch` requirement.
-TORCH_PIN := torch==2.13.0
+TORCH_VERSION := 2.13.0
+TORCH_PIN := torch==$(TORCH_VERSION)
 PINS := torch_geometric==2.8.0.post1 ninja==1.13.2 PyYAML==6.0.3 \
         tqdm==4.70.1 pytest==9.2.0
 # Prebuilt torch-scatter / torch-sparse for torch 2.13.0+cpu (a source build
@@ -27,7 +28,8 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml setup.py Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -qq $(TORCH_PIN)
-	$(PY) -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$(TORCH_PIN:torch==%=%)')"
+	@$(PY) -W ignore -c "import torch, sys; v = torch.__version__; \
+	    sys.exit(0 if v.split('+')[0] == '$(TORCH_VERSION)' else f'torch {v} in $(VENV), want $(TORCH_VERSION)')"
 	$(PY) -m pip install -qq -e '.[test]' $(TORCH_PIN) $(PINS)
 	@if ls $(SPARSE_WHEELS)/*.whl >/dev/null 2>&1; then \
 	    echo "installing torch-scatter/torch-sparse from $(SPARSE_WHEELS)"; \

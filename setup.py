@@ -67,6 +67,18 @@ def _module_stub():
     return path
 
 
+def _wheel_math_headers(cuda_home):
+    """``-isystem`` flags for torch's nvidia-* wheel headers when CUDA_HOME
+    lacks the math-library headers (cusparse.h, ...) that
+    ATen/cuda/CUDAContext.h includes; searched last, so they shadow nothing."""
+    if os.path.exists(os.path.join(cuda_home, 'include', 'cusparse.h')):
+        return []
+    import sysconfig
+    hits = glob.glob(os.path.join(sysconfig.get_paths()['purelib'], 'nvidia',
+                                  '*', 'include', 'cusparse.h'))
+    return ['-isystem', os.path.dirname(hits[0])] if hits else []
+
+
 def cuda_extension_kwargs():
     """``ext_modules`` / ``cmdclass`` for setup(), empty for pure Python."""
     flag = os.environ.get('PYG_DFGNN_BUILD_CUDA', '').strip()
@@ -101,6 +113,7 @@ def cuda_extension_kwargs():
         raise RuntimeError(f'no CUDA sources in {KERNEL_DIR}/')
     if not _defines_module_init(sources):
         sources.append(_module_stub())
+    math_headers = _wheel_math_headers(CUDA_HOME)
     os.environ.setdefault('TORCH_CUDA_ARCH_LIST', ARCH_LIST)
     _log(f'building pyg_dfgnn._C for TORCH_CUDA_ARCH_LIST='
          f'{os.environ["TORCH_CUDA_ARCH_LIST"]} from {len(sources)} sources')
@@ -110,8 +123,9 @@ def cuda_extension_kwargs():
         include_dirs=[os.path.join(ROOT, KERNEL_DIR)],
         # no -std: torch adds the standard its headers need (C++20 for 2.14)
         extra_compile_args={
-            'cxx': ['-O3'],
-            'nvcc': ['-O3', '-lineinfo', '--expt-relaxed-constexpr'],
+            'cxx': ['-O3'] + math_headers,
+            'nvcc': ['-O3', '-lineinfo', '--expt-relaxed-constexpr'] +
+            math_headers,
         },
     )
     return {

@@ -23,7 +23,6 @@ Run ``python benchmarks/graphs.py [--device cuda]`` for a table of the
 generated statistics.
 """
 import argparse
-import math
 import time
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple

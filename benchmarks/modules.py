@@ -170,7 +170,7 @@ def bench_pair(conv: str, graph_name: str, edge_index, num_nodes: int,
         else:
             row['err_fwd'] = rel_err(got['out'], want['out'])
             row['err_bwd'] = _grad_error(got, want)
-        del got, want
+        got = want = None
         free_memory(device)
 
     num = lambda v: v if isinstance(v, float) else None  # noqa: E731
@@ -180,9 +180,7 @@ def bench_pair(conv: str, graph_name: str, edge_index, num_nodes: int,
     row['x_mem'] = ratio(num(row['pyg_mem_mb']), num(row['ours_mem_mb']))
     row['pyg_anchor_h200'] = PYG_ANCHORS_H200.get((graph_name, conv))
     row['target'] = _target(graph_name, row) if x.is_cuda else None
-    del ref, ours, x, grad
-    free_memory(device)
-    return row
+    return row  # modules and inputs are freed with this frame
 
 
 def _target(graph_name: str, row: Dict) -> Optional[str]:

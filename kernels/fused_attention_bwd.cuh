@@ -171,10 +171,55 @@ __global__ void __launch_bounds__(kThreads, 1)
       o_dr = dr;
     }
   };
+  // Neighbour rows of one edge (zeros when !valid).
+  struct Nbr {
+    float a[NV][VEC], b[NV][VEC], lse, dr;
+  };
+  auto fetch = [&](Nbr& n, bool valid, int64_t nb, bool staged, int64_t lo,
+                   const T* sA, const T* sB, const float* sL,
+                   const float* sR) {
+#pragma unroll
+    for (int v = 0; v < NV; ++v)
+#pragma unroll
+      for (int c = 0; c < VEC; ++c) n.a[v][c] = n.b[v][c] = 0.f;
+    n.lse = n.dr = 0.f;
+    if (!valid) return;
+    const T* pa;
+    const T* pb;
+    if (staged) {
+      const int64_t r = (nb - lo) * HPe + hp;
+      pa = sA + r * DA;
+      pb = sB + r * F;
+      if constexpr (CSC) {
+        n.lse = sL[r];
+        n.dr = sR[r];
+      }
+    } else {
+      const int64_t r = nb * H + h;
+      pa = P.nbr_a + r * DA;
+      pb = P.nbr_b + r * F;
+      if constexpr (CSC) {
+        n.lse = P.lse[r];
+        n.dr = P.drow[r];
+      }
+    }
+    if constexpr (kAdd) {
+      n.a[0][0] = to_float(pa[0]);
+    } else {
+#pragma unroll
+      for (int v = 0; v < NV; ++v)
+        if (okD[v]) load_vec<T, VEC>(pa + off[v], n.a[v]);
+    }
+#pragma unroll
+    for (int v = 0; v < NV; ++v)
+      if (okF[v]) load_vec<T, VEC>(pb + off[v], n.b[v]);
+  };
 
-  // ---- edges [beg, end): this warp takes base = beg + wfirst, += stride,
-  // slot `slot` edge base + slot. Neighbour rows come from shared memory
-  // (staged, node - lo) or global memory.
+  // ---- edges [beg, end): this warp takes steps base = beg + wfirst,
+  // += stride; slot `slot` takes edge base + slot. Software pipeline: the
+  // index of step k+2 and the rows of step k+1 are loaded while step k is
+  // computed. Neighbour rows come from shared memory (staged, node - lo) or
+  // global memory.
   float accA[NV][VEC], accB[NV][VEC];
   auto zero_acc = [&]() {
 #pragma unroll
@@ -185,46 +230,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto run_edges = [&](int64_t beg, int64_t end, int wfirst, int stride,
                        bool staged, int64_t lo, const T* sA, const T* sB,
                        const float* sL, const float* sR) {
+    int64_t e_cur = beg + wfirst + slot;
+    bool v_cur = e_cur < end && hok;
+    const int64_t e1 = e_cur + stride;
+    const bool v1 = e1 < end && hok;
+    int64_t nb_next = v1 ? load_idx(e1) : 0;
+    Nbr cur;
+    fetch(cur, v_cur, v_cur ? load_idx(e_cur) : 0, staged, lo, sA, sB, sL,
+          sR);
     for (int64_t base = beg + wfirst; base < end; base += stride) {
-      const int64_t e = base + slot;
-      const bool valid = e < end && hok;
-      float nA[NV][VEC], nB[NV][VEC], n_lse = 0.f, n_dr = 0.f;
-#pragma unroll
-      for (int v = 0; v < NV; ++v)
-#pragma unroll
-        for (int c = 0; c < VEC; ++c) nA[v][c] = nB[v][c] = 0.f;
-      if (valid) {
-        const int64_t nb = load_idx(e);
-        const T* pa;
-        const T* pb;
-        if (staged) {
-          const int64_t r = (nb - lo) * HPe + hp;
-          pa = sA + r * DA;
-          pb = sB + r * F;
-          if constexpr (CSC) {
-            n_lse = sL[r];
-            n_dr = sR[r];
-          }
-        } else {
-          const int64_t r = nb * H + h;
-          pa = P.nbr_a + r * DA;
-          pb = P.nbr_b + r * F;
-          if constexpr (CSC) {
-            n_lse = P.lse[r];
-            n_dr = P.drow[r];
-          }
-        }
-        if constexpr (kAdd) {
-          nA[0][0] = to_float(pa[0]);
-        } else {
-#pragma unroll
-          for (int v = 0; v < NV; ++v)
-            if (okD[v]) load_vec<T, VEC>(pa + off[v], nA[v]);
-        }
-#pragma unroll
-        for (int v = 0; v < NV; ++v)
-          if (okF[v]) load_vec<T, VEC>(pb + off[v], nB[v]);
-      }
+      const bool valid = v_cur;
+      // prefetch: rows of the next step, index of the one after
+      const int64_t e_n = e_cur + stride, e_nn = e_n + stride;
+      const bool v_n = e_n < end && hok, v_nn = e_nn < end && hok;
+      const int64_t nb_nn = v_nn ? load_idx(e_nn) : 0;
+      Nbr nxt;
+      fetch(nxt, v_n, nb_next, staged, lo, sA, sB, sL, sR);
+      const float(&nA)[NV][VEC] = cur.a;
+      const float(&nB)[NV][VEC] = cur.b;
+      const float n_lse = cur.lse, n_dr = cur.dr;
       float sp = 0.f, dp = 0.f;
       float lz[NV][VEC];  // gatv2: leaky(z)
 #pragma unroll
@@ -273,6 +297,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int c = 0; c < VEC; ++c) accB[v][c] += p * nB[v][c];
       }
+      cur = nxt;
+      e_cur = e_n;
+      v_cur = v_n;
+      nb_next = nb_nn;
     }
   };
 

@@ -160,7 +160,8 @@ def rel_err(x, ref):
     return float((x - ref).norm() / den)
 
 
-def run_case(gkind, n, kind, dtype, H, F, D, idx64=False, seed=0):
+def run_case(gkind, n, kind, dtype, H, F, D, idx64=False, seed=0,
+             repeat=1):
     dev = torch.device('cuda')
     gen = torch.Generator().manual_seed(seed)
     ei, n_src, n_dst = make_graph(gkind, n, gen)
@@ -175,10 +176,15 @@ def run_case(gkind, n, kind, dtype, H, F, D, idx64=False, seed=0):
     grad_out = torch.randn(n_dst, H, F, generator=gen).to(dev, dtype)
     out, lse, ref = reference_grads(graph, kind, q, k, v, att, scale, slope,
                                     grad_out)
-    gq, gk, gv, ga = bwd_op()(grad_out, graph.rowptr, col, colptr, csc_row,
-                              KINDS[kind], q, k, v, att, out.to(dtype),
-                              lse.float().contiguous(), scale, slope)
+    runs = [bwd_op()(grad_out, graph.rowptr, col, colptr, csc_row,
+                     KINDS[kind], q, k, v, att, out.to(dtype),
+                     lse.float().contiguous(), scale, slope)
+            for _ in range(repeat)]
     torch.cuda.synchronize()
+    for other in runs[1:]:  # same inputs -> bitwise the same gradients
+        for a, b in zip(runs[0], other):
+            assert torch.equal(a, b), 'backward is not deterministic'
+    gq, gk, gv, ga = runs[0]
     got = [gq, gk, gv] + ([ga] if att is not None else [])
     errs = {}
     for name, g, r, inp in zip(('query', 'key', 'value', 'att'), got, ref,
@@ -230,7 +236,7 @@ def test_backward_wide_features():
 
 
 def test_backward_is_deterministic():
-    torch.manual_seed(0)
-    a = run_case('super', 900, 'gatv2', torch.float32, 2, 64, 64, seed=3)
-    b = run_case('super', 900, 'gatv2', torch.float32, 2, 64, 64, seed=3)
-    assert a == b
+    # heavy owners (block reductions) and the d att partials included
+    errs = run_case('super', 900, 'gatv2', torch.float32, 2, 64, 64, seed=3,
+                    repeat=3)
+    assert all(e <= 1e-5 for e in errs.values()), errs

@@ -208,6 +208,26 @@ def test_gat_no_target_features_and_size(loops):
              _call(('xs', 'xd'), size=(6, 4), return_attention_weights=True))
 
 
+@pytest.mark.parametrize('fmt', ['sparse_tensor', 'coo', 'csr', 'dfgraph'])
+def test_gat_no_target_features_sizes_from_adjacency(fmt):
+    """Without target features and size, the adjacency gives N_dst."""
+    pyg, df = make_pair('gat', (F_IN, 3), C, heads=2, add_self_loops=False)
+    ei = coalesce(random_graph(6, 4, 14, 3), num_nodes=6)
+    ei = ei[:, ei[1] < 3]
+    ei = torch.cat([ei, torch.tensor([[0], [3]])], 1)  # N_dst = 4 > 3
+    leaves = dict(xs=_features(6, F_IN, 1))
+
+    def call(conv, t, is_df):
+        if fmt == 'dfgraph':
+            adj = DFGraph.from_edge_index(ei, size=(6, 4)) if is_df else \
+                _to_format(ei, 'csr', 6, 4)
+        else:
+            adj = _to_format(ei, fmt, 6, 4)
+        return conv((t['xs'], None), adj)
+    res_p, res_d = run_both(pyg, df, leaves, call)
+    assert res_d.shape == (4, 2 * C)
+
+
 def test_gat_non_bipartite_layer_on_bipartite_input():
     pyg, df = make_pair('gat', F_IN, C, heads=2)
     leaves = dict(xs=_features(6, F_IN, 1), xd=_features(4, F_IN, 2),
@@ -381,13 +401,14 @@ def test_prebuilt_dfgraph_with_edge_attr():
 # --------------------------------------------------------------- edge cases
 @pytest.mark.parametrize('name', ['gat', 'gatv2', 'transformer', 'agnn'])
 @pytest.mark.parametrize('case', ['no_edges', 'isolated', 'one_node',
-                                  'one_node_no_edges', 'only_self_loops'])
+                                  'one_node_no_edges', 'only_self_loops',
+                                  'no_nodes'])
 @pytest.mark.parametrize('loops', [True, False])
 def test_edge_cases(name, case, loops):
     if name == 'transformer' and loops:
         pytest.skip('TransformerConv has no self-loop option')
-    n = 1 if case.startswith('one_node') else N
-    if case in ('no_edges', 'one_node_no_edges'):
+    n = 1 if case.startswith('one_node') else 0 if case == 'no_nodes' else N
+    if case in ('no_edges', 'one_node_no_edges', 'no_nodes'):
         ei = torch.empty(2, 0, dtype=torch.long)
     elif case == 'isolated':  # nodes 3..6 have no edges at all
         ei = torch.tensor([[0, 1, 2, 0], [1, 2, 0, 2]])

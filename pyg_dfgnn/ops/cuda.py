@@ -17,6 +17,7 @@ from pyg_dfgnn.dispatch import SMMF
 from pyg_dfgnn.ops._loader import load_kernels
 
 KIND_IDS = {'dot': 0, 'add': 1, 'gatv2': 2}
+_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _registered = False
 
 
@@ -101,7 +102,7 @@ def _register() -> None:
 
 def _check_cuda_inputs(kind: str, value: Tensor, query: Tensor, key: Tensor,
                        att: Optional[Tensor]) -> None:
-    if value.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+    if value.dtype not in _KERNEL_DTYPES + (torch.float64, ):
         raise TypeError(f"The CUDA kernels take float32, float16 or bfloat16 "
                         f"(got 'value' of dtype {value.dtype})")
     for name, t in (('value', value), ('query', query), ('key', key),
@@ -121,6 +122,10 @@ def fused_attention_cuda(graph, kind: str, value: Tensor, query: Tensor,
         raise ValueError(f"'kind' must be one of {tuple(KIND_IDS)} "
                          f"(got '{kind}')")
     _check_cuda_inputs(kind, value, query, key, att)
+    if value.dtype == torch.float64:  # no fp64 kernels: the exact reference
+        from pyg_dfgnn.ops.reference import fused_attention_reference
+        return fused_attention_reference(graph, kind, value, query, key, att,
+                                         scale, negative_slope)[0]
     if not available():
         raise RuntimeError('pyg_dfgnn CUDA kernels are not available')
     heads = value.shape[1]

@@ -1,4 +1,4 @@
-"""GPS model (Rampasek et al., GraphGPS) with DF-GNN convs as local layers.
+r"""GPS model (Rampasek et al., GraphGPS) with DF-GNN convs as local layers.
 
 Each :class:`GPSLayer` computes, for node features :math:`X`:
 
@@ -114,7 +114,9 @@ class GPSLayer(nn.Module):
                 return nn.LayerNorm(dim)
             return nn.Identity()
 
-        self.norm_local, self.norm_attn, self.norm_out = norm(), norm(), norm()
+        self.norm_local = norm() if self.local_model is not None else None
+        self.norm_attn = norm() if self.self_attn is not None else None
+        self.norm_out = norm()
         self.ff = nn.Sequential(nn.Linear(dim, 2 * dim), activation(act),
                                 nn.Dropout(dropout), nn.Linear(2 * dim, dim),
                                 nn.Dropout(dropout))

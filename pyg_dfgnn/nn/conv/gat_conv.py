@@ -290,7 +290,7 @@ class DFGATConv(MessagePassing):
         # a_e^T Theta_e e = e @ (Theta_e^T a_e): fold the attention vector
         # into the weight instead of materialising [E, H, C].
         weight = self.lin_edge.weight.view(H, C, -1)
-        folded = (weight * self.att_edge.view(self.heads, -1, 1)).sum(1)
+        folded = (weight * self.att_edge.view(H, C, 1)).sum(1)
         return edge_attr @ folded.t()
 
     def __repr__(self) -> str:

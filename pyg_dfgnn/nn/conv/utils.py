@@ -26,10 +26,15 @@ from __future__ import annotations
 
 import weakref
 from collections import OrderedDict
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
+from torch_geometric import EdgeIndex
+from torch_geometric.nn.aggr import SumAggregation
+from torch_geometric.typing import SparseTensor, torch_sparse
+from torch_geometric.utils import add_self_loops, remove_self_loops, scatter
+from torch_geometric.utils.sparse import set_sparse_value
 
 from pyg_dfgnn.graph import DFGraph, _fingerprint, to_edge_index
 
@@ -51,7 +56,6 @@ def clear_graph_cache() -> None:
 
 
 def is_sparse_tensor(adj: Any) -> bool:
-    from torch_geometric.typing import SparseTensor
     return isinstance(adj, SparseTensor) and not isinstance(adj, Tensor)
 
 
@@ -136,6 +140,7 @@ class EdgeStructure:
         return torch.cat([edge_attr, loop_attr], dim=0).index_select(
             0, self._attr_index(adj))
 
+    @torch.compiler.disable
     def _keep_index(self, adj: Any) -> Tensor:
         """Input ids of the edges that are no self-loops."""
         if self._keep is None:
@@ -144,6 +149,7 @@ class EdgeStructure:
                 self._keep = (ei[0] != ei[1]).nonzero().view(-1)
         return self._keep
 
+    @torch.compiler.disable
     def _attr_index(self, adj: Any) -> Tensor:
         """CSR edge -> row of ``[edge_attr; loop_attr]``."""
         if self._attr_rows is None:
@@ -178,16 +184,8 @@ class EdgeStructure:
         if not isinstance(fill_value, str):
             raise ValueError(f"'fill_value' must be a float, Tensor or str "
                              f"(got {type(fill_value).__name__})")
-        from torch_geometric.utils import scatter
         keep = self._keep_index(adj)
-        if self._kept_dst is None:
-            with _cached_tensors():
-                kept_dst = _plain_edge_index(adj)[1].index_select(0, keep)
-                kept_dst = kept_dst.to(torch.int64)
-            in_range = kept_dst.numel() == 0 or bool(
-                kept_dst.max() < self.loops)
-            self._kept_dst = (kept_dst, in_range)
-        kept_dst, in_range = self._kept_dst
+        kept_dst, in_range = self._kept_destinations(adj)
         if not in_range:
             raise ValueError(
                 f"'fill_value' = '{fill_value}' aggregates the features of "
@@ -198,19 +196,39 @@ class EdgeStructure:
         return scatter(edge_attr.index_select(0, keep), kept_dst, 0,
                        self.loops, reduce=fill_value)
 
+    @torch.compiler.disable
+    def _kept_destinations(self, adj: Any) -> Tuple[Tensor, bool]:
+        """Destinations of the kept edges (int64, for the fill reduction)
+        and whether all of them get a self-loop."""
+        if self._kept_dst is None:
+            keep = self._keep_index(adj)
+            with _cached_tensors():
+                kept_dst = _plain_edge_index(adj)[1].index_select(0, keep)
+                kept_dst = kept_dst.to(torch.int64)
+            in_range = kept_dst.numel() == 0 or bool(
+                kept_dst.max() < self.loops)
+            self._kept_dst = (kept_dst, in_range)
+        return self._kept_dst
+
     # ------------------------------------------------------------- attention
     def to_user_order(self, alpha: Tensor) -> Tensor:
         """CSR-order alpha -> PyG order."""
-        perm = self.graph.perm
-        if perm is None:
+        if self.graph.perm is None:
             return alpha
+        return alpha.index_select(0, self._inverse_perm())
+
+    @torch.compiler.disable
+    def _inverse_perm(self) -> Tensor:
         if self._inv_perm is None:
+            perm = self.graph.perm
+            assert perm is not None
             with _cached_tensors():
                 arange = torch.arange(perm.numel(), device=perm.device)
                 self._inv_perm = torch.empty_like(perm).scatter_(
                     0, perm.to(torch.int64), arange.to(perm.dtype))
-        return alpha.index_select(0, self._inv_perm)
+        return self._inv_perm
 
+    @torch.compiler.disable
     def returned_adjacency(self, adj: Any) -> Any:
         """The adjacency PyG's conv holds after its self-loop handling (what
         it returns with attention weights); a DFGraph's edge_index."""
@@ -248,7 +266,6 @@ def _version_of(adj: Any) -> Optional[Tuple]:
 
 
 def _plain_edge_index(adj: Any) -> Tensor:
-    from torch_geometric import EdgeIndex
     assert isinstance(adj, Tensor) and adj.layout == torch.strided
     return adj.as_tensor() if isinstance(adj, EdgeIndex) else adj
 
@@ -256,10 +273,7 @@ def _plain_edge_index(adj: Any) -> Tensor:
 def with_self_loops(adj: Any, loops: int) -> Any:
     """PyG's self-loop handling of the convs: remove existing loops, add one
     to each of the first ``loops`` nodes (a SparseTensor: ``set_diag``)."""
-    from torch_geometric import EdgeIndex
-    from torch_geometric.utils import add_self_loops, remove_self_loops
     if is_sparse_tensor(adj):
-        from torch_geometric.typing import torch_sparse
         return torch_sparse.set_diag(adj)
     if is_torch_sparse(adj):  # loops on the diagonal of the matrix
         return add_self_loops(remove_self_loops(adj)[0])[0]
@@ -284,7 +298,6 @@ def _build(adj: Any, num_src: int, num_dst: int, loops: Optional[int],
     """Build the structure; ``loops`` = number of self-loops to add (PyG:
     remove existing loops, append ``loops`` new ones), ``None``: keep the
     graph as it is."""
-    from torch_geometric import EdgeIndex
 
     size = (num_src, num_dst)
     if is_sparse_tensor(adj):
@@ -307,6 +320,7 @@ def _evict(key: Tuple) -> None:
     _cache.pop(key, None)
 
 
+@torch.compiler.disable  # Python-side cache: never traced
 def resolve_graph(adj: Any, num_src: int, num_dst: int,
                   device: torch.device, loops: Optional[int] = None,
                   name: str = 'edge_index') -> EdgeStructure:
@@ -382,7 +396,6 @@ def attention_weights(structure: EdgeStructure, adj: Any, alpha: Tensor,
     if is_sparse_tensor(held):
         return held.set_value(alpha, layout='coo')
     if is_torch_sparse(held) and sparse_values:
-        from torch_geometric.utils.sparse import set_sparse_value
         return set_sparse_value(held, alpha), alpha
     return held, alpha
 
@@ -448,7 +461,6 @@ def check_node_features(name: str, x: Any,
 
 def _adjacency_sizes(adj: Any) -> Tuple[Optional[int], Optional[int]]:
     """``(N_src, N_dst)`` an adjacency knows by itself (``None``: unknown)."""
-    from torch_geometric import EdgeIndex
     if isinstance(adj, DFGraph):
         return adj.num_src, adj.num_dst
     if is_sparse_tensor(adj):
@@ -510,7 +522,6 @@ def check_sparse_self_loops(adj: Any, edge_dim: Optional[int],
 def check_message_passing_config(conv: Any) -> None:
     """The fused op does what ``aggr='add'`` with source-to-target flow
     does; other MessagePassing configurations are refused."""
-    from torch_geometric.nn.aggr import SumAggregation
     if not isinstance(conv.aggr_module, SumAggregation):
         raise ValueError(f"'{conv.__class__.__name__}' only supports "
                          f"aggr='add' (got aggr={conv.aggr!r})")
@@ -527,5 +538,3 @@ def check_not_explaining(conv: Any) -> None:
             f"'propagate', so explainer edge masks cannot be applied; use "
             f"the torch_geometric conv for explanations")
 
-
-Adjacency = Union[Tensor, DFGraph, Any]

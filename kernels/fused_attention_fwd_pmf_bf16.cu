@@ -1,0 +1,9 @@
+// PMF forward kernels for at::BFloat16 (own translation unit: the six
+// dtype x strategy units compile in parallel).
+#include "fused_attention_fwd.cuh"
+
+namespace pyg_dfgnn {
+namespace fwd {
+template void run_pmf<at::BFloat16>(const Launch&);
+}  // namespace fwd
+}  // namespace pyg_dfgnn

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# One device call: build the kernels, run the GPU tests, the sanitizers and the
+# kernel benchmark; copy logs / JSON to $OUT; print a stage summary last.
+#
+#   run: bash scripts/gpu-check.sh            (OUT defaults to ./gpu-check-out)
+#   STAGES="build test sanitize bench" bash scripts/gpu-check.sh  (a subset)
+#   PYTEST_ARGS="-k random_case" ...          (extra pytest arguments)
+set -u
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+export MAX_JOBS=${MAX_JOBS:-16}
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
+export PYG_DFGNN_CACHE=${PYG_DFGNN_CACHE:-/tmp/pdf_cache}
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-./gpu-check-out}
+LOGS=$(mktemp -d)  # $OUT brings back at most 8 files: logs travel as a tarball
+mkdir -p "$OUT"
+STAGES=${STAGES:-"build test sanitize bench"}
+PY=${PYTHON:-python}
+declare -a SUMMARY=()
+T0=$(date +%s)
+
+stage() {  # stage NAME TIMEOUT_S CMD...: run, log to $OUT/NAME.log, record rc
+  local name=$1 limit=$2
+  shift 2
+  local t=$(date +%s)
+  echo "=== $name: $*"
+  timeout --kill-after=10 "$limit" "$@" >"$LOGS/$name.log" 2>&1
+  local rc=$?
+  tail -n 25 "$LOGS/$name.log"
+  SUMMARY+=("$(printf '%-12s rc=%-4s %4ss' "$name" "$rc" "$(( $(date +%s) - t ))")")
+  return 0
+}
+
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
+  >"$LOGS/gpu.txt" 2>&1
+cat "$LOGS/gpu.txt"
+
+if has build; then
+  stage build 420 env PYG_DFGNN_PTXAS_VERBOSE=1 $PY -c \
+    "from pyg_dfgnn.ops._loader import build; build(verbose=True)"
+  grep -E "error|spill stores|Used [0-9]+ registers" "$LOGS/build.log" \
+    | sort | uniq -c | sort -rn | head -n 8
+fi
+if has test; then
+  stage test 240 $PY -m pytest -m cuda -q -x --no-header -p no:cacheprovider \
+    ${PYTEST_ARGS:-} tests/
+fi
+if has sanitize; then
+  for tool in memcheck racecheck; do
+    for script in scripts/sanitize_cases.py scripts/sanitize_bwd.py; do
+      [ -f "$script" ] || continue
+      name="$tool-$(basename "$script" .py)"
+      stage "$name" 150 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+        $PY "$script"
+      grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$LOGS/$name.log" | tail -n 2
+    done
+  done
+fi
+if has bench && [ -f benchmarks/kernels.py ]; then
+  stage bench 200 $PY benchmarks/kernels.py ${BENCH_ARGS:-} \
+    --out "$OUT/kernels.json"
+fi
+
+{
+  echo "=== summary ($(( $(date +%s) - T0 ))s, $(head -n 1 "$LOGS/gpu.txt"))"
+  for line in "${SUMMARY[@]}"; do echo "$line"; done
+} >"$LOGS/summary.txt"
+tar -czf "$OUT/logs.tar.gz" -C "$LOGS" .
+cp "$LOGS/summary.txt" "$OUT/summary.txt"
+echo
+cat "$LOGS/summary.txt"

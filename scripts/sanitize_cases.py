@@ -1,0 +1,55 @@
+"""Small representative forward cases for compute-sanitizer.
+
+    compute-sanitizer --tool memcheck  python scripts/sanitize_cases.py
+    compute-sanitizer --tool racecheck python scripts/sanitize_cases.py
+
+Every score kind x strategy (SMMF, PMF with multi-segment rows), the 16-byte
+(F = 32) and scalar (F = 17) paths, fp32 and bf16, int32 and int64 indices,
+empty rows and a super node. Build the kernels once beforehand (outside the
+sanitizer). Exits non-zero if an output is off.
+"""
+import importlib.util
+import random
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+spec = importlib.util.spec_from_file_location(
+    'test_kernels_cuda', ROOT / 'tests' / 'test_kernels_cuda.py')
+tk = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tk)
+
+CASES = [
+    # kind, dtype, strategy, graph, H, D, F, index dtype
+    ('dot', torch.float32, 'smmf', 'batch', 2, 32, 32, None),
+    ('dot', torch.bfloat16, 'pmf', 'super', 1, 17, 17, torch.int64),
+    ('add', torch.float32, 'smmf', 'isolated', 3, 1, 17, None),
+    ('add', torch.float16, 'pmf', 'super', 4, 1, 32, None),
+    ('gatv2', torch.float32, 'pmf', 'bipartite', 2, 32, 32, None),
+    ('gatv2', torch.bfloat16, 'smmf', 'super', 1, 8, 8, None),
+    ('dot', torch.float32, 'smmf', 'empty', 2, 8, 8, None),
+]
+
+
+def main() -> int:
+    from pyg_dfgnn.ops import cuda
+    assert cuda.available(), 'CUDA kernels unavailable'
+    failed = 0
+    for i, (kind, dtype, strategy, graph, heads, d, f, idx) in \
+            enumerate(CASES):
+        try:
+            tk.run_case(cuda, random.Random(i), kind, dtype, strategy, graph,
+                        heads, d, f, grad=False, index_dtype=idx)
+            print('ok  ', kind, dtype, strategy, graph, flush=True)
+        except AssertionError as e:
+            failed += 1
+            print('FAIL', kind, dtype, strategy, graph, e, flush=True)
+    torch.cuda.synchronize()
+    return 1 if failed else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,157 @@
+import glob
+import os.path as osp
+
+import pytest
+
+from pyg_dfgnn.__main__ import main
+from pyg_dfgnn.train.config import (ConfigError, default_config, load_config,
+                                    parse_override, split_layer_type)
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+CONFIGS = sorted(glob.glob(osp.join(ROOT, 'configs', '*.yaml')))
+
+
+def write(tmp_path, text, name='cfg.yaml'):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize('path', CONFIGS, ids=osp.basename)
+def test_shipped_configs_load(path):
+    cfg = load_config(path)
+    assert cfg.name == osp.splitext(osp.basename(path))[0]
+    local, _ = split_layer_type(cfg.gt.layer_type)
+    assert cfg.gt.dim_hidden == cfg.gnn.dim_inner
+
+
+def test_shipped_configs_exist():
+    names = {osp.basename(p) for p in CONFIGS}
+    assert {'pattern-gps.yaml', 'cluster-gps.yaml', 'pattern-gt.yaml',
+            'pattern-gat.yaml', 'demo.yaml'} <= names
+
+
+def test_gps_configs_keep_graphgps_hyperparameters():
+    p = load_config(osp.join(ROOT, 'configs', 'pattern-gps.yaml'))
+    assert (p.gt.layers, p.gt.n_heads, p.gt.dim_hidden) == (6, 4, 64)
+    assert (p.gt.dropout, p.gt.attn_dropout) == (0.0, 0.5)
+    assert (p.optim.optimizer, p.optim.base_lr, p.optim.weight_decay) == \
+        ('adamW', 0.001, 1e-5)
+    assert (p.optim.max_epoch, p.optim.num_warmup_epochs) == (100, 5)
+    assert p.optim.scheduler == 'cosine_with_warmup'
+    assert p.train.batch_size == 32 and p.gnn.layers_post_mp == 3
+    assert p.gt.layer_type.split('+') == ['DFGAT', 'Transformer']
+    c = load_config(osp.join(ROOT, 'configs', 'cluster-gps.yaml'))
+    assert (c.gt.layers, c.gt.n_heads, c.gt.dim_hidden) == (16, 8, 48)
+    assert (c.gt.dropout, c.train.batch_size) == (0.1, 16)
+    assert c.dataset.name == 'CLUSTER'
+    gt = load_config(osp.join(ROOT, 'configs', 'pattern-gt.yaml'))
+    assert gt.gt.layer_type == 'DFTransformer+None'
+
+
+def test_defaults_fill_missing_keys(tmp_path):
+    cfg = load_config(write(tmp_path, 'gt:\n  layers: 2\n'))
+    assert cfg.gt.layers == 2
+    assert cfg.gt.n_heads == default_config().gt.n_heads
+    assert cfg.optim.optimizer == 'adamW'
+
+
+@pytest.mark.parametrize('text,key', [
+    ('foo: 1\n', "'foo'"),
+    ('gt:\n  n_head: 4\n', "'gt.n_head'"),
+    ('posenc_LapPE:\n  eigen:\n    max_freq: 3\n',
+     "'posenc_LapPE.eigen.max_freq'"),
+])
+def test_unknown_key_is_named(tmp_path, text, key):
+    with pytest.raises(ConfigError, match=f'unknown key {key}'):
+        load_config(write(tmp_path, text))
+
+
+def test_unknown_key_suggests_the_close_one(tmp_path):
+    with pytest.raises(ConfigError, match="did you mean 'gt.n_heads'"):
+        load_config(write(tmp_path, 'gt:\n  n_head: 4\n'))
+
+
+@pytest.mark.parametrize('override,match', [
+    ('gt.layers=abc', "'gt.layers' must be int"),
+    ('gt.layers=true', "'gt.layers' must be int"),
+    ('gt.layers=-1', "'gt.layers' must be >= 0"),
+    ('optim.optimizer=sgd', "'optim.optimizer' must be one of"),
+    ('backend=dgl', "'backend' must be one of"),
+    ('optim.base_lr=fast', "'optim.base_lr' must be float"),
+    ('gt.layer_type=GAT+Transformer', "local model 'GAT'"),
+    ('gt.layer_type=DFGAT+Performer', "global model 'Performer'"),
+    ('gt.layer_type=DFGAT', "'<local>\\+<global>'"),
+    ('gt.dim_hidden=30', "'gt.dim_hidden' \\(30\\) must match"),
+    ('dataset.name=ZINC', "'dataset.name' must be PATTERN or CLUSTER"),
+    ('dataset.format=OGB-foo', "'dataset.format' must be"),
+    ('model.loss_fun=l1', "'model.loss_fun' must be l1 exactly"),
+    ('gt=3', "'gt' must be a mapping"),
+    ('gt.nheads=3', "unknown key 'gt.nheads'"),
+    ('seed', 'key=value'),
+    ('dataset.size=0', "'dataset.size' must be >= 1"),
+])
+def test_bad_values_name_the_key(override, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(overrides=[override])
+
+
+def test_head_divisibility_checked():
+    with pytest.raises(ConfigError, match="multiple of 'gt.n_heads'"):
+        load_config(overrides=['gt.dim_hidden=30', 'gnn.dim_inner=30'])
+
+
+def test_overrides_parse_yaml_values():
+    assert parse_override('gt.layers=3') == ('gt.layers', 3)
+    assert parse_override('optim.base_lr=5e-4') == ('optim.base_lr', '5e-4')
+    cfg = load_config(overrides=['optim.base_lr=5e-4', 'dataset.size=null',
+                                 'backend=pyg', 'gt.batch_norm=false',
+                                 'gt.layer_norm=true'])
+    assert cfg.optim.base_lr == pytest.approx(5e-4)  # YAML 1.1 string
+    assert cfg.dataset.size is None and cfg.backend == 'pyg'
+    assert cfg.gt.layer_norm and not cfg.gt.batch_norm
+
+
+def test_graphgps_style_float_strings_and_ints(tmp_path):
+    cfg = load_config(write(tmp_path, 'optim:\n  weight_decay: 1e-5\n'
+                            '  base_lr: 1\n'))
+    assert cfg.optim.weight_decay == 1e-5 and cfg.optim.base_lr == 1.0
+    assert isinstance(cfg.optim.base_lr, float)
+
+
+def test_graphgps_only_keys_are_accepted(tmp_path):
+    cfg = load_config(write(tmp_path, 'wandb:\n  use: False\n  project: P\n'
+                            'model:\n  edge_decoding: dot\n'
+                            'gnn:\n  agg: mean\n  normalize_adj: False\n'))
+    assert cfg.wandb.project == 'P'
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match='does not exist'):
+        load_config(str(tmp_path / 'nope.yaml'))
+    with pytest.raises(ConfigError, match='invalid YAML'):
+        load_config(write(tmp_path, 'gt: [1,\n'))
+    with pytest.raises(ConfigError, match="'<root>' must be a mapping"):
+        load_config(write(tmp_path, '- 1\n- 2\n'))
+
+
+def test_lappe_flag_must_match_encoder_name():
+    with pytest.raises(ConfigError, match="posenc_LapPE.enable"):
+        load_config(overrides=['posenc_LapPE.enable=true'])
+    cfg = load_config(overrides=['posenc_LapPE.enable=true',
+                                 'dataset.node_encoder_name=LinearNode+LapPE'])
+    assert cfg.posenc_LapPE.enable
+
+
+def test_cli_reports_config_errors(tmp_path, capsys):
+    path = write(tmp_path, 'gt:\n  n_head: 4\n')
+    assert main(['train', '--cfg', path]) == 2
+    err = capsys.readouterr().err
+    assert "unknown key 'gt.n_head'" in err
+    assert main(['show-config', '--cfg', path.replace('cfg', 'x')]) == 2
+
+
+def test_cli_show_config_applies_overrides(tmp_path, capsys):
+    path = write(tmp_path, 'gt:\n  layers: 2\n')
+    assert main(['show-config', '--cfg', path, 'gt.layers=5']) == 0
+    assert 'layers: 5' in capsys.readouterr().out

@@ -1,0 +1,258 @@
+import csv
+import json
+import math
+import os.path as osp
+
+import pytest
+import torch
+
+from pyg_dfgnn.__main__ import main
+from pyg_dfgnn.datasets import DatasetBundle, build_datasets
+from pyg_dfgnn.datasets.sbm import generate_sbm_splits
+from pyg_dfgnn.train.config import ConfigError, load_config
+from pyg_dfgnn.train.model import DF_CONVS, build_model
+from pyg_dfgnn.train.runner import (accuracy_sbm, compute_loss, lr_factor,
+                                    run_dir, train, weighted_cross_entropy)
+
+
+def df_available(local='DFGAT'):
+    try:
+        import pyg_dfgnn.nn as dfnn
+        return hasattr(dfnn, DF_CONVS[local][0])
+    except Exception:
+        return False
+
+
+def tiny(tmp_path, *extra):
+    """A run small enough for a 2-core CPU in seconds."""
+    return load_config(overrides=[
+        f'out_dir={tmp_path}/results', f'dataset.dir={tmp_path}/data',
+        'dataset.size=16', 'gt.layers=1', 'gt.dim_hidden=8',
+        'gnn.dim_inner=8', 'gt.n_heads=2', 'gnn.layers_post_mp=1',
+        'train.batch_size=8', 'train.progress_bar=false', 'optim.max_epoch=3',
+        'optim.num_warmup_epochs=1', 'backend=pyg', 'num_threads=1',
+        'name=tiny', *extra])
+
+
+def quiet(*args):
+    pass
+
+
+# ------------------------------------------------------------ pieces
+def test_accuracy_sbm_is_mean_per_class_recall():
+    y = torch.tensor([0, 0, 0, 0, 1])
+    pred = torch.tensor([0, 0, 0, 0, 0])
+    assert accuracy_sbm(pred, y) == pytest.approx(0.5)  # plain acc 0.8
+    assert accuracy_sbm(y, y) == 1.0
+    y3 = torch.tensor([0, 1, 1, 2, 2, 2])
+    p3 = torch.tensor([0, 1, 0, 2, 2, 0])
+    assert accuracy_sbm(p3, y3) == pytest.approx((1 + 0.5 + 2 / 3) / 3)
+
+
+def test_weighted_cross_entropy_weighs_rare_classes():
+    y = torch.tensor([0, 0, 0, 1])
+    pred = torch.randn(4, 3)
+    w = torch.tensor([1 / 4, 3 / 4, 0.0])  # (n - n_c) / n, absent class 0
+    ref = torch.nn.functional.cross_entropy(pred, y, weight=w)
+    assert weighted_cross_entropy(pred, y).item() == pytest.approx(ref.item())
+    l1 = compute_loss('l1', torch.tensor([[1.0], [3.0]]),
+                      torch.tensor([2.0, 2.0]))
+    assert l1.item() == pytest.approx(1.0)
+
+
+def test_cosine_with_warmup_schedule():
+    cfg = load_config(overrides=['optim.max_epoch=10',
+                                 'optim.num_warmup_epochs=4'])
+    f = [lr_factor(cfg, e) for e in range(10)]
+    assert f[0] > 0 and f[:4] == sorted(f[:4]) and f[4] == 1.0
+    assert f[4:] == sorted(f[4:], reverse=True) and f[-1] < 0.1
+    cfg = load_config(overrides=['optim.scheduler=none'])
+    assert lr_factor(cfg, 7) == 1.0
+
+
+@pytest.mark.parametrize('layer_type', [
+    'DFGAT+Transformer', 'DFGATv2+None', 'DFTransformer+None',
+    'DFAGNN+Transformer', 'GINE+Transformer', 'GCN+None', 'None+Transformer',
+])
+def test_every_layer_type_runs(tmp_path, layer_type):
+    cfg = tiny(tmp_path, f'gt.layer_type={layer_type}', 'gt.layers=2',
+               'gt.layer_norm=true', 'gt.batch_norm=false')
+    bundle = build_datasets(cfg)
+    model = build_model(cfg, bundle.dim_in, bundle.dim_out)
+    from torch_geometric.loader import DataLoader
+    batch = next(iter(DataLoader(bundle.train, batch_size=4)))
+    out = model(batch)
+    assert out.shape == (batch.num_nodes, 2)
+    out.sum().backward()
+    assert all(p.grad is not None for p in model.parameters()
+               if p.requires_grad)
+
+
+@pytest.mark.parametrize('local', list(DF_CONVS))
+def test_backends_share_weight_layout(tmp_path, local):
+    if not df_available(local):
+        pytest.skip(f'pyg_dfgnn.nn.{DF_CONVS[local][0]} not available yet')
+    cfg = tiny(tmp_path, f'gt.layer_type={local}+Transformer')
+    bundle = build_datasets(cfg)
+    torch.manual_seed(0)
+    ref = build_model(cfg, bundle.dim_in, bundle.dim_out).eval()
+    df_cfg = tiny(tmp_path, f'gt.layer_type={local}+Transformer',
+                  'backend=dfgnn')
+    df = build_model(df_cfg, bundle.dim_in, bundle.dim_out).eval()
+    ref_state, df_state = ref.state_dict(), df.state_dict()
+    assert list(ref_state) == list(df_state)
+    assert all(ref_state[k].shape == df_state[k].shape for k in ref_state)
+    df.load_state_dict(ref_state)
+    from torch_geometric.loader import DataLoader
+    batch = next(iter(DataLoader(bundle.train, batch_size=4)))
+    with torch.no_grad():
+        assert torch.allclose(df(batch), ref(batch), atol=1e-4, rtol=1e-4)
+
+
+def test_dfgnn_backend_error_names_the_way_out(tmp_path, monkeypatch):
+    import importlib
+    real = importlib.import_module
+
+    def fake(name, *args):
+        if name == 'pyg_dfgnn.nn':
+            raise ImportError('not built')
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib, 'import_module', fake)
+    from pyg_dfgnn.train import model as model_mod
+    with pytest.raises(ImportError, match='backend=pyg'):
+        model_mod.conv_class('DFGAT', 'dfgnn')
+
+
+# ------------------------------------------------------------- training
+def test_training_improves_the_metric(tmp_path):
+    # CLUSTER: chance is 1/6; the labelled seed nodes are learnt quickly.
+    cfg = tiny(tmp_path, 'dataset.name=CLUSTER', 'dataset.size=64',
+               'gt.layer_type=GCN+Transformer', 'gt.dim_hidden=16',
+               'gnn.dim_inner=16', 'gt.layers=2', 'optim.max_epoch=6',
+               'optim.base_lr=0.01', 'gt.attn_dropout=0.0')
+    res = train(cfg, log=quiet)
+    hist = res['history']
+    assert hist[-1]['train_loss'] < hist[0]['train_loss']
+    assert res['best']['val_metric'] > hist[0]['val_metric'] + 0.05
+    assert res['best']['val_metric'] > 1 / 6 + 0.05
+
+
+def test_results_files(tmp_path):
+    cfg = tiny(tmp_path)
+    res = train(cfg, log=quiet)
+    out = run_dir(cfg)
+    assert out == osp.join(str(tmp_path), 'results', 'tiny', 'pyg-seed0')
+    with open(osp.join(out, 'results.json')) as f:
+        saved = json.load(f)
+    assert saved['epochs_done'] == 3 and saved['finished']
+    assert saved['config']['gt']['layers'] == 1
+    assert saved['best']['epoch'] in (0, 1, 2)
+    with open(osp.join(out, 'epochs.csv')) as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r['epoch']) for r in rows] == [0, 1, 2]
+    for r in rows:
+        assert float(r['epoch_time_s']) > 0 and float(r['graphs_per_s']) > 0
+        assert 0 <= float(r['val_metric']) <= 1
+        assert not math.isnan(float(r['train_loss']))
+    assert osp.exists(osp.join(out, 'ckpt', 'last.pt'))
+    assert osp.exists(osp.join(out, 'config.yaml'))
+    assert res['num_params'] == sum(
+        p.numel() for p in build_model(cfg, 3, 2).parameters())
+
+
+def test_seeded_runs_are_reproducible(tmp_path):
+    a = train(tiny(tmp_path, 'out_dir=' + str(tmp_path / 'a')), log=quiet)
+    b = train(tiny(tmp_path, 'out_dir=' + str(tmp_path / 'b')), log=quiet)
+    keys = ('train_loss', 'val_loss', 'val_metric', 'test_metric')
+    assert [[r[k] for k in keys] for r in a['history']] == \
+        [[r[k] for k in keys] for r in b['history']]
+    c = train(tiny(tmp_path, 'out_dir=' + str(tmp_path / 'c'), 'seed=1'),
+              log=quiet)
+    assert c['history'][-1]['train_loss'] != a['history'][-1]['train_loss']
+
+
+def test_resume_continues_exactly(tmp_path):
+    extra = ('gt.dropout=0.2', 'optim.max_epoch=4')  # dropout: RNG state
+    full = train(tiny(tmp_path, 'out_dir=' + str(tmp_path / 'full'), *extra),
+                 log=quiet)
+    cut = tiny(tmp_path, 'out_dir=' + str(tmp_path / 'cut'), *extra)
+    part = train(cut, stop_after_epochs=2, log=quiet)
+    assert part['epochs_done'] == 2 and not part['finished']
+    logs = []
+    resumed = train(cut, resume=True, log=logs.append)
+    assert any('resumed' in line for line in logs)
+    assert resumed['finished'] and resumed['epochs_done'] == 4
+    keys = ('epoch', 'train_loss', 'val_loss', 'test_metric')
+    assert [[r[k] for k in keys] for r in resumed['history']] == \
+        [[r[k] for k in keys] for r in full['history']]
+
+
+def test_resume_refuses_other_config_or_missing_ckpt(tmp_path):
+    cfg = tiny(tmp_path, 'optim.max_epoch=1')
+    with pytest.raises(FileNotFoundError, match='no checkpoint'):
+        train(cfg, resume=True, log=quiet)
+    train(cfg, log=quiet)
+    other = tiny(tmp_path, 'optim.max_epoch=1', 'optim.base_lr=0.1')
+    with pytest.raises(ConfigError, match='optim.base_lr'):
+        train(other, resume=True, log=quiet)
+
+
+def test_regression_with_l1(tmp_path):
+    # Predict each node's degree / 50 on CLUSTER graphs.
+    graphs = generate_sbm_splits('CLUSTER', size=16, seed=0)
+    for split in graphs.values():
+        for g in split:
+            g.y = torch.bincount(g.edge_index[1],
+                                 minlength=g.num_nodes).float() / 50
+    bundle = DatasetBundle(graphs['train'], graphs['val'], graphs['test'],
+                           dim_in=7, dim_out=1, num_node_types=None)
+    cfg = tiny(tmp_path, 'dataset.task_type=regression', 'model.loss_fun=l1',
+               'metric_best=mae', 'metric_agg=argmin',
+               'gt.layer_type=GCN+None', 'optim.max_epoch=4',
+               'optim.base_lr=0.01')
+    res = train(cfg, bundle=bundle, log=quiet)
+    hist = res['history']
+    assert hist[-1]['train_loss'] < hist[0]['train_loss']
+    assert res['best']['val_metric'] == min(r['val_metric'] for r in hist)
+
+
+def test_cli_train_and_resume(tmp_path, capsys):
+    cfg = tmp_path / 'c.yaml'
+    cfg.write_text('gt:\n  layers: 1\n  dim_hidden: 8\n  n_heads: 2\n'
+                   'gnn:\n  dim_inner: 8\n  layers_post_mp: 1\n')
+    args = ['--cfg', str(cfg), f'out_dir={tmp_path}/r',
+            f'dataset.dir={tmp_path}/d', 'dataset.size=8', 'backend=pyg',
+            'optim.max_epoch=2', 'train.batch_size=8',
+            'train.progress_bar=false']
+    assert main(['train', *args]) == 0
+    out = capsys.readouterr().out
+    assert 'epoch_time_s' in out and 'graphs_per_s' in out
+    assert osp.exists(tmp_path / 'r' / 'c' / 'pyg-seed0' / 'results.json')
+    assert main(['train', *args, '--resume']) == 0  # nothing left to do
+    assert 'resumed' in capsys.readouterr().out
+
+
+def test_bench_e2e_runs_both_backends(tmp_path, capsys):
+    local = 'DFGAT' if df_available('DFGAT') else None
+    if local is None:
+        pytest.skip('pyg_dfgnn.nn.DFGATConv not available yet')
+    cfg = tmp_path / 'b.yaml'
+    cfg.write_text('gt:\n  layer_type: DFGAT+Transformer\n  layers: 1\n'
+                   '  dim_hidden: 8\n  n_heads: 2\n'
+                   'gnn:\n  dim_inner: 8\n  layers_post_mp: 1\n')
+    out_dir = tmp_path / 'bench'
+    assert main(['bench-e2e', '--cfg', str(cfg), '--epochs', '2',
+                 f'out_dir={tmp_path}/r', f'dataset.dir={tmp_path}/d',
+                 'dataset.size=8', 'train.batch_size=4',
+                 'train.progress_bar=false', '--out', str(out_dir)]) == 0
+    text = capsys.readouterr().out
+    assert 'speedup' in text and 'dfgnn' in text
+    with open(out_dir / 'e2e-b-cpu.json') as f:
+        res = json.load(f)
+    assert set(res['runs']) == {'pyg', 'dfgnn'}
+    assert res['epochs'] == 2
+    assert len(res['runs']['dfgnn']['history']) == 2
+    assert res['speedup_epoch_time'] > 0
+    # same data, same init, same math: accuracies agree closely on CPU
+    assert res['test_metric_delta'] == pytest.approx(0.0, abs=0.05)
