@@ -38,6 +38,8 @@
 //     shared memory.
 #pragma once
 
+#include <cuda_pipeline.h>
+
 #include "common.cuh"
 
 namespace pyg_dfgnn {
@@ -216,10 +218,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
 
   // ---- edges [beg, end): this warp takes steps base = beg + wfirst,
-  // += stride; slot `slot` takes edge base + slot. Software pipeline: the
-  // index of step k+2 and the rows of step k+1 are loaded while step k is
-  // computed. Neighbour rows come from shared memory (staged, node - lo) or
-  // global memory.
+  // += stride; slot `slot` takes edge base + slot. Two steps at a time (their
+  // loads in flight together, their reductions interleaved); the indices of
+  // the next two are loaded meanwhile. Neighbour rows come from shared
+  // memory (staged, node - lo) or global memory.
   float accA[NV][VEC], accB[NV][VEC];
   auto zero_acc = [&]() {
 #pragma unroll
@@ -230,77 +232,81 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto run_edges = [&](int64_t beg, int64_t end, int wfirst, int stride,
                        bool staged, int64_t lo, const T* sA, const T* sB,
                        const float* sL, const float* sR) {
-    int64_t e_cur = beg + wfirst + slot;
-    bool v_cur = e_cur < end && hok;
-    const int64_t e1 = e_cur + stride;
-    const bool v1 = e1 < end && hok;
-    int64_t nb_next = v1 ? load_idx(e1) : 0;
-    Nbr cur;
-    fetch(cur, v_cur, v_cur ? load_idx(e_cur) : 0, staged, lo, sA, sB, sL,
-          sR);
-    for (int64_t base = beg + wfirst; base < end; base += stride) {
-      const bool valid = v_cur;
-      // prefetch: rows of the next step, index of the one after
-      const int64_t e_n = e_cur + stride, e_nn = e_n + stride;
-      const bool v_n = e_n < end && hok, v_nn = e_nn < end && hok;
-      const int64_t nb_nn = v_nn ? load_idx(e_nn) : 0;
-      Nbr nxt;
-      fetch(nxt, v_n, nb_next, staged, lo, sA, sB, sL, sR);
-      const float(&nA)[NV][VEC] = cur.a;
-      const float(&nB)[NV][VEC] = cur.b;
-      const float n_lse = cur.lse, n_dr = cur.dr;
-      float sp = 0.f, dp = 0.f;
-      float lz[NV][VEC];  // gatv2: leaky(z)
+    const int64_t st2 = 2 * (int64_t)stride;
+    int64_t e0 = beg + wfirst + slot;
+    // indices of the current pair of steps, loaded one pair ahead
+    int64_t nb0 = e0 < end && hok ? load_idx(e0) : 0;
+    int64_t nb1 = e0 + stride < end && hok ? load_idx(e0 + stride) : 0;
+    for (int64_t base = beg + wfirst; base < end; base += st2, e0 += st2) {
+      const int64_t e1 = e0 + stride, f0 = e0 + st2, f1 = e1 + st2;
+      const bool vld[2] = {e0 < end && hok, e1 < end && hok};
+      const int64_t nnb0 = f0 < end && hok ? load_idx(f0) : 0;
+      const int64_t nnb1 = f1 < end && hok ? load_idx(f1) : 0;
+      Nbr n[2];
+      fetch(n[0], vld[0], nb0, staged, lo, sA, sB, sL, sR);
+      fetch(n[1], vld[1], nb1, staged, lo, sA, sB, sL, sR);
+      nb0 = nnb0;
+      nb1 = nnb1;
+      // the two steps are independent: their reductions interleave
+      float sp[2] = {0.f, 0.f}, dp[2] = {0.f, 0.f};
+      float lz[2][NV][VEC];  // gatv2: leaky(z)
 #pragma unroll
-      for (int v = 0; v < NV; ++v)
-#pragma unroll
-        for (int c = 0; c < VEC; ++c) {
-          dp += oB[v][c] * nB[v][c];
-          if constexpr (KIND == kKindDot) sp += oA[v][c] * nA[v][c];
-          if constexpr (kGat) {
-            const float z = oA[v][c] + nA[v][c];
-            lz[v][c] = leaky_relu(z, P.slope);
-            sp += att[v][c] * lz[v][c];
-          }
-        }
-      group_sum2(sp, dp);
-      float s, gz = 1.f;
-      if constexpr (KIND == kKindDot) s = sp * P.scale;
-      if constexpr (kGat) s = sp;
-      if constexpr (kAdd) {
-        const float z = oA[0][0] + nA[0][0];
-        s = leaky_relu(z, P.slope);
-        gz = leaky_relu_grad(z, P.slope);
-      }
-      const float lse_i = CSC ? n_lse : o_lse;
-      const float dr_i = CSC ? n_dr : o_dr;
-      const float p = valid ? expf(s - lse_i) : 0.f;
-      const float ds = p * (dp - dr_i);
-      if constexpr (kAdd) {
-        accA[0][0] += ds * gz;
-      } else {
+      for (int u = 0; u < 2; ++u)
 #pragma unroll
         for (int v = 0; v < NV; ++v)
 #pragma unroll
           for (int c = 0; c < VEC; ++c) {
-            if constexpr (KIND == kKindDot) accA[v][c] += ds * nA[v][c];
+            dp[u] += oB[v][c] * n[u].b[v][c];
+            if constexpr (KIND == kKindDot) sp[u] += oA[v][c] * n[u].a[v][c];
             if constexpr (kGat) {
-              const float z = oA[v][c] + nA[v][c];
-              accA[v][c] += ds * att[v][c] * leaky_relu_grad(z, P.slope);
-              if constexpr (!CSC) attacc[v][c] += ds * lz[v][c];
+              lz[u][v][c] = leaky_relu(oA[v][c] + n[u].a[v][c], P.slope);
+              sp[u] += att[v][c] * lz[u][v][c];
             }
           }
-      }
-      if constexpr (CSC) {
+      for (int o = 1; o < G; o <<= 1) {
 #pragma unroll
-        for (int v = 0; v < NV; ++v)
-#pragma unroll
-          for (int c = 0; c < VEC; ++c) accB[v][c] += p * nB[v][c];
+        for (int u = 0; u < 2; ++u) {
+          if constexpr (!kAdd) sp[u] += __shfl_xor_sync(kFullMask, sp[u], o);
+          dp[u] += __shfl_xor_sync(kFullMask, dp[u], o);
+        }
       }
-      cur = nxt;
-      e_cur = e_n;
-      v_cur = v_n;
-      nb_next = nb_nn;
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        float sc, gz = 1.f;
+        if constexpr (KIND == kKindDot) sc = sp[u] * P.scale;
+        if constexpr (kGat) sc = sp[u];
+        if constexpr (kAdd) {
+          const float z = oA[0][0] + n[u].a[0][0];
+          sc = leaky_relu(z, P.slope);
+          gz = leaky_relu_grad(z, P.slope);
+        }
+        const float lse_i = CSC ? n[u].lse : o_lse;
+        const float dr_i = CSC ? n[u].dr : o_dr;
+        const float p = vld[u] ? expf(sc - lse_i) : 0.f;
+        const float ds = p * (dp[u] - dr_i);
+        if constexpr (kAdd) {
+          accA[0][0] += ds * gz;
+        } else {
+#pragma unroll
+          for (int v = 0; v < NV; ++v)
+#pragma unroll
+            for (int c = 0; c < VEC; ++c) {
+              if constexpr (KIND == kKindDot)
+                accA[v][c] += ds * n[u].a[v][c];
+              if constexpr (kGat) {
+                const float z = oA[v][c] + n[u].a[v][c];
+                accA[v][c] += ds * att[v][c] * leaky_relu_grad(z, P.slope);
+                if constexpr (!CSC) attacc[v][c] += ds * lz[u][v][c];
+              }
+            }
+        }
+        if constexpr (CSC) {
+#pragma unroll
+          for (int v = 0; v < NV; ++v)
+#pragma unroll
+            for (int c = 0; c < VEC; ++c) accB[v][c] += p * n[u].b[v][c];
+        }
+      }
     }
   };
 
@@ -389,16 +395,27 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t nwb = gridDim.x - nhb;
     // Neighbour span [lo, hi] of owners [a, b); lo = -1 unless it is worth
     // staging (fits shared memory and is smaller than the edge count).
-    auto span = [&](int64_t a, int64_t b, int64_t& span_hi) {
-      int64_t lo = INT64_MAX, hi = -1;
-      const int64_t nE = P.ptr[b] - P.ptr[a];
-      // A window holding a heavy owner is not staged (and not scanned).
-      const int64_t scan_end =
-          nE > (b - a) * P.heavy_deg ? P.ptr[a] : P.ptr[b];
-      for (int64_t e = P.ptr[a] + tid; e < scan_end; e += kThreads) {
-        const int64_t x = load_idx(e);
-        lo = min(lo, x);
-        hi = max(hi, x);
+    // Neighbour span [lo, hi] of owners [a, b) (lo > hi when unknown:
+    // no edges, or a heavy owner in the range, whose edges are not scanned).
+    // Returns whether staging it pays: it fits shared memory and is
+    // smaller than the edge count.
+    auto span = [&](int64_t a, int64_t b, int64_t& lo, int64_t& hi) {
+      lo = INT64_MAX;
+      hi = -1;
+      const int64_t e0 = P.ptr[a], nE = P.ptr[b] - e0;
+      const int64_t scan_end = nE > (b - a) * P.heavy_deg ? e0 : e0 + nE;
+      for (int64_t e = e0 + tid; e < scan_end; e += 4 * kThreads) {
+        int64_t x[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+          x[u] = e + u * kThreads < scan_end ? load_idx(e + u * kThreads)
+                                             : int64_t(-1);
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+          if (x[u] >= 0) {
+            lo = min(lo, x[u]);
+            hi = max(hi, x[u]);
+          }
       }
       for (int o = 16; o; o >>= 1) {
         lo = min(lo, (int64_t)__shfl_xor_sync(kFullMask, lo, o));
@@ -416,10 +433,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         lo = min(lo, s_red[w]);
         hi = max(hi, s_red[kWarps + w]);
       }
-      const bool fits = hi >= lo && hi - lo + 1 <= P.stage_cap &&
-                        hi - lo + 1 <= nE;
-      span_hi = hi;
-      return fits ? lo : (int64_t)-1;
+      return hi >= lo && hi - lo + 1 <= P.stage_cap && hi - lo + 1 <= nE;
     };
     // Shared-memory layout of a staged span of `cnt` nodes.
     auto carve = [&](int64_t cnt, T*& sA, T*& sB, float*& sL, float*& sR) {
@@ -433,31 +447,53 @@ __global__ void __launch_bounds__(kThreads, 1)
       p += up16(cnt * HPe * 4);
       sR = reinterpret_cast<float*>(p);
     };
-    // Copy `len` elements per node (the head group's slice) of nodes
-    // [lo, lo + cnt) of a [N, H, len_per_head] tensor.
+    // Copy the head group's slice (HPe * per_head elements) of nodes
+    // [lo, lo + cnt) of a [N, H, per_head] tensor, asynchronously (cp.async:
+    // the copies are all in flight at once); stage_wait() completes them.
     auto stage = [&](const T* src, T* dst, int64_t lo, int64_t cnt,
                      int per_head) {
       const int64_t slice = (int64_t)HPe * per_head;
       const int64_t row = (int64_t)H * per_head;
+      const T* base = src + lo * row + (int64_t)h0 * per_head;
       if (VEC > 1 && per_head % VEC == 0) {
-        const int64_t nvec = cnt * slice / VEC, svec = slice / VEC;
-        for (int64_t t = tid; t < nvec; t += kThreads) {
-          const int64_t nd = t / svec, k = t - nd * svec;
-          *reinterpret_cast<uint4*>(dst + t * VEC) =
-              *reinterpret_cast<const uint4*>(src + (lo + nd) * row +
-                                              (int64_t)h0 * per_head + k * VEC);
+        const int64_t svec = slice / VEC, nvec = cnt * svec;
+        if (slice == row) {  // one head group: contiguous
+          for (int64_t t = tid; t < nvec; t += kThreads)
+            __pipeline_memcpy_async(dst + t * VEC, base + t * VEC, 16);
+        } else {
+          for (int64_t t = tid; t < nvec; t += kThreads) {
+            const int64_t nd = t / svec, k = t - nd * svec;
+            __pipeline_memcpy_async(dst + t * VEC, base + nd * row + k * VEC,
+                                    16);
+          }
         }
-      } else {
+      } else if constexpr (sizeof(T) == 4) {
         for (int64_t t = tid; t < cnt * slice; t += kThreads) {
           const int64_t nd = t / slice, k = t - nd * slice;
-          dst[t] = src[(lo + nd) * row + (int64_t)h0 * per_head + k];
+          __pipeline_memcpy_async(dst + t, base + nd * row + k, 4);
+        }
+      } else {  // 2-byte elements: batches of independent loads
+        const int64_t total = cnt * slice;
+        for (int64_t t0 = tid; t0 < total; t0 += 8 * kThreads) {
+          T r[8];
+#pragma unroll
+          for (int u = 0; u < 8; ++u) {
+            const int64_t t = t0 + u * kThreads;
+            if (t < total) {
+              const int64_t nd = t / slice, k = t - nd * slice;
+              r[u] = base[nd * row + k];
+            }
+          }
+#pragma unroll
+          for (int u = 0; u < 8; ++u)
+            if (t0 + u * kThreads < total) dst[t0 + u * kThreads] = r[u];
         }
       }
     };
     auto stage_f = [&](const float* src, float* dst, int64_t lo, int64_t cnt) {
       for (int64_t t = tid; t < cnt * HPe; t += kThreads) {
         const int64_t nd = t / HPe, k = t - nd * HPe;
-        dst[t] = src[(lo + nd) * H + h0 + k];
+        __pipeline_memcpy_async(dst + t, src + (lo + nd) * H + h0 + k, 4);
       }
     };
     // Owners [a, b): stage their neighbours if `lo` >= 0, then one warp
@@ -475,6 +511,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           stage_f(P.lse, sL, lo, cnt);
           stage_f(P.drow, sR, lo, cnt);
         }
+        __pipeline_commit();
+        __pipeline_wait_prior(0);
         __syncthreads();
       }
       for (int64_t o = a + warp; o < b; o += kWarps) {
@@ -491,16 +529,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     for (int64_t w = (int64_t)blockIdx.x - nhb; w * R < n_owner; w += nwb) {
       const int64_t a = w * R, b = min(a + R, n_owner);
-      int64_t hi;
-      const int64_t lo = span(a, b, hi);
-      if (lo >= 0 || b - a <= kWarps) {
-        run_range(a, b, lo, hi);
+      int64_t lo, hi;
+      const bool fit = span(a, b, lo, hi);
+      // halves can only fit if the whole is at most twice the capacity
+      if (fit || b - a <= kWarps || hi < lo ||
+          hi - lo + 1 > 2 * P.stage_cap) {
+        run_range(a, b, fit ? lo : -1, hi);
       } else {  // try each half on its own (window straddles two graphs)
         const int64_t m = a + (b - a) / 2;
-        int64_t lo2 = span(a, m, hi);
-        run_range(a, m, lo2, hi);
-        lo2 = span(m, b, hi);
-        run_range(m, b, lo2, hi);
+        bool st = span(a, m, lo, hi);
+        run_range(a, m, st ? lo : -1, hi);
+        st = span(m, b, lo, hi);
+        run_range(m, b, st ? lo : -1, hi);
       }
     }
   }

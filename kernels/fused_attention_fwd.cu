@@ -4,6 +4,9 @@
 // (six translation units that compile in parallel).
 #include <c10/cuda/CUDAGuard.h>
 
+#include <algorithm>
+#include <cstdlib>
+
 #include "fused_attention_fwd.cuh"
 #include "ops.h"
 
@@ -30,6 +33,11 @@ void check_cuda(const at::Tensor& t, const char* name, at::Device dev) {
               t.device(), " but 'value' is on ", dev);
   TORCH_CHECK(t.is_contiguous(), "fused_attention_fwd: '", name,
               "' must be contiguous");
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
 }
 
 bool aligned16(const at::Tensor& t) {
@@ -125,9 +133,14 @@ std::tuple<at::Tensor, at::Tensor> fused_attention_fwd_cuda(
   const int HD_q = kind == kAdd ? (int)H : (int)(H * D);
   const int HD_att = kind == kGatv2 ? (int)(H * D) : 0;
   const size_t ib = col.element_size();
+  // Tuning knobs for experiments (benchmarks/NOTES.md), defaults otherwise:
+  // PYG_DFGNN_SMMF_ROWS rows per window, PYG_DFGNN_SMMF_WPB windows per block
+  // (-1: a persistent grid of 2 blocks per SM).
+  const int rows_pref = env_int("PYG_DFGNN_SMMF_ROWS", kSmmfRows);
+  int64_t windows_per_block = env_int("PYG_DFGNN_SMMF_WPB", 1);
   int rows = 0;
   if (strategy == 0 && col.scalar_type() == at::kInt) {
-    for (int r = kSmmfRows; r >= 1; --r) {
+    for (int r = std::max(1, rows_pref); r >= 1; --r) {
       const size_t b = smmf_layout(r, r * max_in_degree, (int)H, HD_q,
                                    HD_att, ib).total;
       if (b <= (size_t)kSmmfPreferredSmem || (r == 1 && b <= (size_t)device_optin)) {
@@ -138,9 +151,17 @@ std::tuple<at::Tensor, at::Tensor> fused_attention_fwd_cuda(
   }
 
 
+  if (rows > 0 && windows_per_block < 0) {
+    int sms = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(
+        &sms, cudaDevAttrMultiProcessorCount, dev.index()));
+    const int64_t n_windows = (n_dst + rows - 1) / rows;
+    windows_per_block = std::max<int64_t>(1, (n_windows + 2 * sms - 1) / (2 * sms));
+  }
   Launch L{rowptr, col, query, key, value, att, out, lse,
            kind, n_dst, n_edges, max_in_degree, H, D, F,
-           qk_group, v_group, rows, device_optin, vec, scale, negative_slope};
+           qk_group, v_group, rows, device_optin, windows_per_block, vec,
+           scale, negative_slope};
   switch (dtype) {
     case at::kFloat: rows ? run_smmf<float>(L) : run_pmf<float>(L); break;
     case at::kHalf:

@@ -220,7 +220,7 @@ __host__ __device__ inline SmmfLayout smmf_layout(int rows, int64_t cap, int H,
 // ============================================================= SMMF kernel
 template <typename T, typename I, int KIND, bool VEC>
 __global__ void __launch_bounds__(kThreads)
-    smmf_fwd_kernel(FwdArgs<T, I> a, int rows, int cap) {
+    smmf_fwd_kernel(FwdArgs<T, I> a, int rows, int cap, int windows_per_block) {
   constexpr int VW = Width<T, VEC>::kVW;
   constexpr int SLOTS = Width<T, VEC>::kSlots;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -236,7 +236,15 @@ __global__ void __launch_bounds__(kThreads)
   I* s_col = reinterpret_cast<I*>(smem + L.col);
 
   const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
-  const int64_t row0 = (int64_t)blockIdx.x * rows;
+  // A block walks `windows_per_block` consecutive row windows (> 1: a
+  // persistent grid whose SMs each sweep a contiguous slice of the graph, so
+  // the K / V rows of a small graph stay in L1 while its rows are done).
+  const int64_t n_windows = (a.n_dst + rows - 1) / rows;
+  const int64_t win_begin = (int64_t)blockIdx.x * windows_per_block;
+  const int64_t win_end = win_begin + windows_per_block < n_windows
+                              ? win_begin + windows_per_block : n_windows;
+  for (int64_t win = win_begin; win < win_end; ++win) {
+  const int64_t row0 = win * rows;
   const int nrows = (int)(a.n_dst - row0 < rows ? a.n_dst - row0 : rows);
 
   // ---- 0. stage
@@ -356,6 +364,8 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     }
+  }
+  __syncthreads();  // smem is reused by the next window
   }
 }
 
@@ -573,6 +583,7 @@ struct Launch {
   int64_t kind, n_dst, n_edges, max_in_degree;
   int64_t H, D, F;
   int qk_group, v_group, rows, device_optin;
+  int64_t windows_per_block;  // SMMF: row windows per block (1 = one each)
   bool vec;
   double scale, negative_slope;
 };
@@ -613,15 +624,17 @@ void run_smmf(const Launch& L) {
   const int64_t cap = L.rows * L.max_in_degree;
   const size_t bytes = smmf_layout(L.rows, cap, (int)L.H, HD_q, HD_att,
                                    sizeof(index_t)).total;
-  const int64_t blocks = (L.n_dst + L.rows - 1) / L.rows;
+  const int64_t n_windows = (L.n_dst + L.rows - 1) / L.rows;
+  const int wpb = (int)std::max<int64_t>(1, L.windows_per_block);
+  const int64_t blocks = (n_windows + wpb - 1) / wpb;
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   PYG_DFGNN_DISPATCH_BOOL(L.vec, VEC, [&] {
     const auto a = make_args<scalar_t, index_t, VEC>(L);
     PYG_DFGNN_DISPATCH_KIND(L.kind, [&] {
       auto kernel = smmf_fwd_kernel<scalar_t, index_t, KIND, VEC>;
       allow_smem(kernel, bytes);
-      kernel<<<(unsigned)blocks, kThreads, bytes, stream>>>(a, L.rows,
-                                                            (int)cap);
+      kernel<<<(unsigned)blocks, kThreads, bytes, stream>>>(
+          a, L.rows, (int)cap, wpb);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });

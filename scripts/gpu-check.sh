@@ -3,8 +3,10 @@
 # kernel benchmark; copy logs / JSON to $OUT; print a stage summary last.
 #
 #   run: bash scripts/gpu-check.sh            (OUT defaults to ./gpu-check-out)
-#   STAGES="build test sanitize bench" bash scripts/gpu-check.sh  (a subset)
+#   STAGES="build test sanitize fwdbench bench" bash scripts/gpu-check.sh
+#                                             (a subset)
 #   PYTEST_ARGS="-k random_case" ...          (extra pytest arguments)
+#   SANITIZE_SCRIPTS="scripts/sanitize_cases.py" ...  (default: fwd + bwd)
 set -u
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 export MAX_JOBS=${MAX_JOBS:-16}
@@ -14,7 +16,7 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-./gpu-check-out}
 LOGS=$(mktemp -d)  # $OUT brings back at most 8 files: logs travel as a tarball
 mkdir -p "$OUT"
-STAGES=${STAGES:-"build test sanitize bench"}
+STAGES=${STAGES:-"build test sanitize fwdbench bench"}
 PY=${PYTHON:-python}
 declare -a SUMMARY=()
 T0=$(date +%s)
@@ -44,12 +46,12 @@ if has build; then
     | sort | uniq -c | sort -rn | head -n 8
 fi
 if has test; then
-  stage test 240 $PY -m pytest -m cuda -q -x --no-header -p no:cacheprovider \
-    ${PYTEST_ARGS:-} tests/
+  stage test ${TEST_TIMEOUT:-240} $PY -m pytest -m cuda -q --maxfail=25 \
+    --no-header -p no:cacheprovider -rf ${PYTEST_ARGS:-} ${TEST_PATHS:-tests/}
 fi
 if has sanitize; then
   for tool in memcheck racecheck; do
-    for script in scripts/sanitize_cases.py scripts/sanitize_bwd.py; do
+    for script in ${SANITIZE_SCRIPTS:-scripts/sanitize_cases.py scripts/sanitize_bwd.py}; do
       [ -f "$script" ] || continue
       name="$tool-$(basename "$script" .py)"
       stage "$name" 150 compute-sanitizer --tool "$tool" --error-exitcode 9 \
@@ -57,6 +59,10 @@ if has sanitize; then
       grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$LOGS/$name.log" | tail -n 2
     done
   done
+fi
+if has fwdbench; then
+  stage fwdbench 150 $PY scripts/fwd_bench.py ${FWD_BENCH_ARGS:-} \
+    --out "$OUT/fwd_bench.json"
 fi
 if has bench && [ -f benchmarks/kernels.py ]; then
   stage bench 200 $PY benchmarks/kernels.py ${BENCH_ARGS:-} \

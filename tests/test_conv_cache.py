@@ -218,3 +218,18 @@ def test_returned_edge_index_modified_in_place_is_not_reused():
         lambda conv, t, _: conv(t['x'], ei, return_attention_weights=True))
     assert torch.equal(res_d[1][0], res_p[1][0])
     assert graph_cache_info()['builds'] == 1
+
+
+def test_torch_compile_keeps_the_cache_semantics():
+    """The cache is never traced: a compiled conv still builds once and
+    rebuilds after an in-place change."""
+    pyg, df = make_pair('gat', F_IN, C, heads=2, edge_dim=3)
+    compiled = torch.compile(df, backend='eager')  # dynamo is what matters
+    ei = random_graph(N, N, 20, 1)
+    ea = torch.randn(20, 3)
+    for _ in range(2):
+        torch.testing.assert_close(compiled(_x(), ei, ea), pyg(_x(), ei, ea))
+    assert graph_cache_info()['builds'] == 1
+    ei[0, :3] = torch.tensor([4, 5, 6])
+    torch.testing.assert_close(compiled(_x(), ei, ea), pyg(_x(), ei, ea))
+    assert graph_cache_info()['builds'] == 2
