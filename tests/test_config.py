@@ -143,6 +143,20 @@ def test_lappe_flag_must_match_encoder_name():
     assert cfg.posenc_LapPE.enable
 
 
+def test_rwse_options():
+    base = ['posenc_RWSE.enable=true', 'posenc_RWSE.dim_pe=8',
+            'dataset.node_encoder_name=LinearNode+RWSE']
+    assert load_config(overrides=base).posenc_RWSE.enable
+    with pytest.raises(ConfigError, match='times_func'):
+        load_config(overrides=base + ['posenc_RWSE.kernel.times_func=foo'])
+    with pytest.raises(ConfigError, match="'posenc_RWSE.enable'"):
+        load_config(overrides=base[1:])
+    with pytest.raises(ConfigError, match='smaller than'):
+        load_config(overrides=base + ['posenc_RWSE.dim_pe=64'])
+    with pytest.raises(ConfigError, match='node_encoder_name'):
+        load_config(overrides=['dataset.node_encoder_name=LinearNode+Foo'])
+
+
 def test_cli_reports_config_errors(tmp_path, capsys):
     path = write(tmp_path, 'gt:\n  n_head: 4\n')
     assert main(['train', '--cfg', path]) == 2

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import pyg_dfgnn.datasets.sbm as sbm
-from pyg_dfgnn.datasets import (PUBLISHED_STATS, AddLapPE, SBMDataset,
+from pyg_dfgnn.datasets import (PUBLISHED_STATS, AddLapPE, AddRWSE,
+                                SBMDataset,
                                 build_datasets, dataset_stats,
                                 generate_sbm_splits, load_pyg_dataset)
 from pyg_dfgnn.train.config import load_config
@@ -201,3 +202,19 @@ def test_pyg_dataset_loads_local_processed_files(tmp_path):
                           'val')
     assert len(ds) == 1
     assert np.array_equal(ds[0].y.numpy(), graphs['val'][0].y.numpy())
+
+
+def test_rwse_return_probabilities():
+    from torch_geometric.data import Data
+    # triangle: P^1_ii = 0, P^2_ii = 1/2, P^3_ii = 1/4
+    tri = Data(edge_index=torch.tensor([[0, 1, 1, 2, 2, 0],
+                                        [1, 0, 2, 1, 0, 2]]), num_nodes=3)
+    out = AddRWSE(range(1, 4))(tri)
+    assert out.pestat_RWSE.shape == (3, 3)
+    assert out.pestat_RWSE[0].tolist() == pytest.approx([0, 0.5, 0.25])
+    # on PATTERN, long walks return more often to the denser pattern nodes
+    g = generate_sbm_splits('PATTERN', size=1, seed=0)['train'][0]
+    rw = AddRWSE(range(1, 17))(g).pestat_RWSE[:, -1]
+    assert rw[g.y == 1].mean() > 1.1 * rw[g.y == 0].mean()
+    with pytest.raises(ValueError, match='times'):
+        AddRWSE([0, 1])

@@ -9,11 +9,11 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from pyg_dfgnn.datasets.lap_pe import AddLapPE
+from pyg_dfgnn.datasets.lap_pe import AddLapPE, AddRWSE
 from pyg_dfgnn.datasets.sbm import (PUBLISHED_STATS, SBMDataset,
                                     dataset_stats, generate_sbm_splits)
 
-__all__ = ['SBMDataset', 'AddLapPE', 'generate_sbm_splits', 'dataset_stats',
+__all__ = ['SBMDataset', 'AddLapPE', 'AddRWSE', 'generate_sbm_splits', 'dataset_stats',
            'PUBLISHED_STATS', 'DatasetBundle', 'build_datasets',
            'load_pyg_dataset']
 
@@ -95,6 +95,11 @@ def build_datasets(cfg) -> DatasetBundle:
         transforms.append(AddLapPE(pe.eigen.max_freqs,
                                    pe.eigen.laplacian_norm))
         tags.append(f'lappe{pe.eigen.max_freqs}{pe.eigen.laplacian_norm}')
+    if cfg.posenc_RWSE.enable:
+        from pyg_dfgnn.train.config import rwse_times
+        times = rwse_times(cfg.posenc_RWSE.kernel.times_func)
+        transforms.append(AddRWSE(times))
+        tags.append(f'rwse{times.start}-{times.stop}')
     df = dfgnn_pre_transform(local) if cfg.dataset.dfgnn_format else None
     needs_loops = local in SELF_LOOP_LAYERS
     if df is not None:

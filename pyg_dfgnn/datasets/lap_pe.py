@@ -44,3 +44,38 @@ class AddLapPE(BaseTransform):
 
     def __repr__(self) -> str:
         return f'{self.__class__.__name__}({self.max_freqs}, norm={self.norm})'
+
+
+class AddRWSE(BaseTransform):
+    r"""Random-walk structural encoding (GraphGPS's ``RWSE``): the return
+    probabilities :math:`(P^k)_{ii}` of the random walk
+    :math:`P = D^{-1} A` for every ``k`` in ``times``, stored as
+    ``data.pestat_RWSE`` [N, len(times)]. For large ``k`` they approach
+    :math:`d_i / 2m`, so attention-only models see node degrees through them.
+    """
+
+    def __init__(self, times=range(1, 17)):
+        self.times = sorted(int(t) for t in times)
+        if not self.times or self.times[0] < 1:
+            raise ValueError(f'times must be positive step counts, got '
+                             f'{list(times)}')
+
+    def forward(self, data: Data) -> Data:
+        n = data.num_nodes
+        edge_index = data.edge_index
+        edge_index = torch.as_tensor(edge_index.as_tensor() if hasattr(
+            edge_index, 'as_tensor') else edge_index).long()
+        adj = to_dense_adj(edge_index, max_num_nodes=n)[0].double()
+        deg = adj.sum(dim=1, keepdim=True)
+        walk = adj / deg.clamp(min=1)
+        power = torch.eye(n, dtype=torch.float64)
+        out, wanted = [], set(self.times)
+        for k in range(1, self.times[-1] + 1):
+            power = power @ walk
+            if k in wanted:
+                out.append(power.diagonal())
+        data.pestat_RWSE = torch.stack(out, dim=1).float()
+        return data
+
+    def __repr__(self) -> str:
+        return f'{self.__class__.__name__}({self.times})'

@@ -105,6 +105,16 @@ SCHEMA: Dict[str, Any] = {
         'n_heads': _f(4, min=1, help='unused (Transformer PE model)'),
         'raw_norm_type': _f('none', choices=('none', )),
     },
+    'posenc_RWSE': {
+        'enable': _f(False),
+        'kernel': {
+            'times_func': _f('range(1,17)', str,
+                             help="random-walk steps, 'range(a,b)'"),
+        },
+        'model': _f('Linear', choices=('Linear', )),
+        'dim_pe': _f(16, min=1),
+        'raw_norm_type': _f('BatchNorm', choices=('BatchNorm', 'none')),
+    },
     'train': {
         'mode': _f('custom', choices=('custom', )),
         'batch_size': _f(32, min=1),
@@ -296,17 +306,22 @@ def validate(cfg: Config) -> Config:
                           f"'PyG-<Dataset>', got {fmt!r}")
     enc = cfg.dataset.node_encoder_name.split('+')
     if enc[0] not in ('LinearNode', 'TypeDictNode') or any(
-            e != 'LapPE' for e in enc[1:]):
+            e not in ('LapPE', 'RWSE') for e in enc[1:]) or len(
+                set(enc[1:])) != len(enc[1:]):
         raise ConfigError("'dataset.node_encoder_name' must be LinearNode or "
-                          "TypeDictNode, optionally +LapPE, got "
+                          "TypeDictNode, optionally +LapPE and/or +RWSE, got "
                           f"{cfg.dataset.node_encoder_name!r}")
-    if ('LapPE' in enc) != cfg.posenc_LapPE.enable:
-        raise ConfigError("'posenc_LapPE.enable' must be True exactly when "
-                          "'dataset.node_encoder_name' ends with +LapPE")
-    if cfg.posenc_LapPE.enable and cfg.posenc_LapPE.dim_pe >= \
-            cfg.gt.dim_hidden:
-        raise ConfigError("'posenc_LapPE.dim_pe' must be smaller than "
+    dim_pe = 0
+    for pe in ('LapPE', 'RWSE'):
+        if (pe in enc) != cfg[f'posenc_{pe}'].enable:
+            raise ConfigError(f"'posenc_{pe}.enable' must be True exactly "
+                              f"when 'dataset.node_encoder_name' has +{pe}")
+        if cfg[f'posenc_{pe}'].enable:
+            dim_pe += cfg[f'posenc_{pe}'].dim_pe
+    if dim_pe >= cfg.gt.dim_hidden:
+        raise ConfigError("'posenc_*.dim_pe' together must be smaller than "
                           "'gt.dim_hidden'")
+    rwse_times(cfg.posenc_RWSE.kernel.times_func)
     regression = cfg.dataset.task_type == 'regression'
     if regression != (cfg.model.loss_fun == 'l1'):
         raise ConfigError("'model.loss_fun' must be l1 exactly when "
@@ -319,6 +334,17 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"'metric_agg' must be {want_agg} for metric "
                           f"{cfg.metric_best}")
     return cfg
+
+
+def rwse_times(times_func: str) -> range:
+    """``'range(1,17)'`` -> ``range(1, 17)`` (GraphGPS writes the RWSE
+    steps as Python; only ``range(a,b)`` with ``1 <= a < b`` is accepted)."""
+    import re
+    m = re.fullmatch(r'\s*range\(\s*(\d+)\s*,\s*(\d+)\s*\)\s*', times_func)
+    if not m or not 1 <= int(m.group(1)) < int(m.group(2)):
+        raise ConfigError("'posenc_RWSE.kernel.times_func' must look like "
+                          f"'range(1,17)', got {times_func!r}")
+    return range(int(m.group(1)), int(m.group(2)))
 
 
 def split_layer_type(layer_type: str) -> Tuple[str, str]:

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.utils import to_dense_batch
 
-from pyg_dfgnn.train.config import Config, split_layer_type
+from pyg_dfgnn.train.config import Config, rwse_times, split_layer_type
 
 #: DF conv name -> (class in pyg_dfgnn.nn, PyG twin in torch_geometric.nn).
 DF_CONVS = {
@@ -173,14 +173,21 @@ class GPSModel(nn.Module):
         dim = cfg.gt.dim_hidden
         local, glob = split_layer_type(cfg.gt.layer_type)
         self.local_name = local
-        pe = cfg.posenc_LapPE
-        dim_x = dim - pe.dim_pe if pe.enable else dim
+        pe, rw = cfg.posenc_LapPE, cfg.posenc_RWSE
+        dim_x = dim - (pe.dim_pe if pe.enable else 0) - (
+            rw.dim_pe if rw.enable else 0)
         if num_node_types is not None:  # integer node types, e.g. ZINC atoms
             self.node_encoder = nn.Embedding(num_node_types, dim_x)
         else:
             self.node_encoder = nn.Linear(dim_in, dim_x)
         self.pe_encoder = (LapPENodeEncoder(pe.dim_pe, pe.layers, cfg.gnn.act)
                            if pe.enable else None)
+        self.rwse_encoder = None
+        if rw.enable:  # GraphGPS's RWSE 'Linear' model
+            steps = len(rwse_times(rw.kernel.times_func))
+            self.rwse_encoder = nn.Sequential(
+                nn.BatchNorm1d(steps) if rw.raw_norm_type == 'BatchNorm'
+                else nn.Identity(), nn.Linear(steps, rw.dim_pe))
         self.node_encoder_bn = (nn.BatchNorm1d(dim)
                                 if cfg.dataset.node_encoder_bn else None)
         # PATTERN/CLUSTER have no edge features: GINE gets a learned dummy
@@ -211,6 +218,8 @@ class GPSModel(nn.Module):
             x = self.node_encoder(x.float())
         if self.pe_encoder is not None:
             x = torch.cat([x, self.pe_encoder(data.EigVecs, data.EigVals)], 1)
+        if self.rwse_encoder is not None:
+            x = torch.cat([x, self.rwse_encoder(data.pestat_RWSE)], 1)
         if self.node_encoder_bn is not None:
             x = self.node_encoder_bn(x)
         edge_attr = None
