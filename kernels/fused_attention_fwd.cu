@@ -151,6 +151,17 @@ std::tuple<at::Tensor, at::Tensor> fused_attention_fwd_cuda(
   }
 
 
+  // PYG_DFGNN_SMMF_STAGE_KB: smem (KB) for staging a window's K / V rows
+  // when its sources are close (0: off).
+  int64_t stage_bytes = 0;
+  if (rows > 0) {
+    const size_t base = smmf_layout(rows, rows * max_in_degree, (int)H, HD_q,
+                                    HD_att, ib).total;
+    stage_bytes = (int64_t)env_int("PYG_DFGNN_SMMF_STAGE_KB", 0) * 1024;
+    stage_bytes = std::max<int64_t>(
+        0, std::min<int64_t>(stage_bytes, (int64_t)device_optin - (int64_t)base));
+    stage_bytes &= ~int64_t(15);
+  }
   if (rows > 0 && windows_per_block < 0) {
     int sms = 0;
     C10_CUDA_CHECK(cudaDeviceGetAttribute(
@@ -160,8 +171,8 @@ std::tuple<at::Tensor, at::Tensor> fused_attention_fwd_cuda(
   }
   Launch L{rowptr, col, query, key, value, att, out, lse,
            kind, n_dst, n_edges, max_in_degree, H, D, F,
-           qk_group, v_group, rows, device_optin, windows_per_block, vec,
-           scale, negative_slope};
+           qk_group, v_group, rows, device_optin, windows_per_block,
+           stage_bytes, vec, scale, negative_slope};
   switch (dtype) {
     case at::kFloat: rows ? run_smmf<float>(L) : run_pmf<float>(L); break;
     case at::kHalf:

@@ -199,41 +199,62 @@ __device__ __forceinline__ int advance_row(const int64_t* s_rowptr, int r,
 // rowptr [rows + 1] int64 | q rows fp32 [rows][HD_q] | att fp32 [HD_att] |
 // inv fp32 [rows][H] | scores fp32 [H][cap] | col [cap].
 struct SmmfLayout {
-  size_t q, att, inv, score, col, total;
+  size_t q, att, inv, score, col, red, stage, total;
 };
 __host__ __device__ inline size_t align16(size_t b) {
   return (b + 15) & ~(size_t)15;
 }
 __host__ __device__ inline SmmfLayout smmf_layout(int rows, int64_t cap, int H,
                                                   int HD_q, int HD_att,
-                                                  size_t index_bytes) {
+                                                  size_t index_bytes,
+                                                  size_t stage_bytes = 0) {
   SmmfLayout L;
   L.q = align16((size_t)(rows + 1) * 8);
   L.att = align16(L.q + (size_t)rows * HD_q * 4);
   L.inv = align16(L.att + (size_t)HD_att * 4);
   L.score = align16(L.inv + (size_t)rows * H * 4);
   L.col = align16(L.score + (size_t)cap * H * 4);
-  L.total = align16(L.col + (size_t)cap * index_bytes);
+  L.red = align16(L.col + (size_t)cap * index_bytes);
+  L.stage = align16(L.red + 2 * kWarps * 8);
+  L.total = align16(L.stage + stage_bytes);
   return L;
+}
+
+// Copy n elements global -> shared, 16 bytes per access when VW > 1 (both
+// ends 16-byte aligned and n a multiple of VW then).
+template <typename T, int VW>
+__device__ __forceinline__ void copy_to_smem(T* dst, const T* __restrict__ src,
+                                             int64_t n, int tid) {
+  if constexpr (VW > 1) {
+    const uint4* s4 = reinterpret_cast<const uint4*>(src);
+    uint4* d4 = reinterpret_cast<uint4*>(dst);
+    for (int64_t i = tid; i < n / VW; i += kThreads) d4[i] = s4[i];
+  } else {
+    for (int64_t i = tid; i < n; i += kThreads) dst[i] = src[i];
+  }
 }
 
 // ============================================================= SMMF kernel
 template <typename T, typename I, int KIND, bool VEC>
 __global__ void __launch_bounds__(kThreads)
-    smmf_fwd_kernel(FwdArgs<T, I> a, int rows, int cap, int windows_per_block) {
+    smmf_fwd_kernel(FwdArgs<T, I> a, int rows, int cap, int windows_per_block,
+                    int stage_bytes) {
   constexpr int VW = Width<T, VEC>::kVW;
   constexpr int SLOTS = Width<T, VEC>::kSlots;
   extern __shared__ __align__(16) unsigned char smem[];
   const int H = a.H, D = a.D, F = a.F;
   const int HD = H * D;
   const SmmfLayout L = smmf_layout(rows, cap, H, KIND == kAdd ? H : HD,
-                                   KIND == kGatv2 ? HD : 0, sizeof(I));
+                                   KIND == kGatv2 ? HD : 0, sizeof(I),
+                                   stage_bytes);
   int64_t* s_rowptr = reinterpret_cast<int64_t*>(smem);
   float* s_q = reinterpret_cast<float*>(smem + L.q);
   float* s_att = reinterpret_cast<float*>(smem + L.att);
   float* s_inv = reinterpret_cast<float*>(smem + L.inv);
   float* s_score = reinterpret_cast<float*>(smem + L.score);
   I* s_col = reinterpret_cast<I*>(smem + L.col);
+  int64_t* s_red = reinterpret_cast<int64_t*>(smem + L.red);
+  T* s_stage = reinterpret_cast<T*>(smem + L.stage);
 
   const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
   // A block walks `windows_per_block` consecutive row windows (> 1: a
@@ -260,6 +281,40 @@ __global__ void __launch_bounds__(kThreads)
   // rowptr relative to the block's first edge
   __syncthreads();
   if (tid <= nrows) s_rowptr[tid] -= e0;
+
+  // ---- 0b. source window: when the window's sources [lo, hi] are close
+  // (batches of small graphs), K rows (then V rows) of that range are staged
+  // once in smem and every edge reads them there instead of from L2.
+  int64_t src_lo = 0, span = 0;
+  bool stage_k = false, stage_v = false;
+  if (stage_bytes > 0 && n_e > 0) {
+    int64_t mn = INT64_MAX, mx = -1;
+    for (int i = tid; i < n_e; i += kThreads) {
+      const int64_t j = (int64_t)s_col[i];
+      mn = j < mn ? j : mn;
+      mx = j > mx ? j : mx;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const int64_t omn = __shfl_xor_sync(kFullMask, mn, o);
+      const int64_t omx = __shfl_xor_sync(kFullMask, mx, o);
+      mn = omn < mn ? omn : mn;
+      mx = omx > mx ? omx : mx;
+    }
+    if (lane == 0) s_red[warp] = mn, s_red[kWarps + warp] = mx;
+    __syncthreads();
+    mn = s_red[0], mx = s_red[kWarps];
+    for (int w = 1; w < kWarps; ++w) {
+      mn = s_red[w] < mn ? s_red[w] : mn;
+      mx = s_red[kWarps + w] > mx ? s_red[kWarps + w] : mx;
+    }
+    src_lo = mn;
+    span = mx - mn + 1;
+    stage_k = KIND != kAdd && span * HD * (int64_t)sizeof(T) <= stage_bytes;
+    stage_v = span * H * F * (int64_t)sizeof(T) <= stage_bytes;
+    if (stage_k)
+      copy_to_smem<T, VW>(s_stage, a.k + src_lo * HD, span * HD, tid);
+  }
   __syncthreads();
 
   // ---- 1. warp-balanced SDDMM
@@ -291,9 +346,15 @@ __global__ void __launch_bounds__(kThreads)
           const int e = it / H, h = it - e * H;
           r = advance_row(s_rowptr, r, e);
           ee[u] = e, hh[u] = h;
-          acc[u] = score_part<KIND, T, VW>(
-              s_q + r * HD + h * D, a.k + ((int64_t)s_col[e] * H + h) * D,
-              s_att + h * D, D, lg * VW, G * VW, a.slope);
+          if (stage_k)
+            acc[u] = score_part<KIND, T, VW>(
+                s_q + r * HD + h * D,
+                s_stage + (((int64_t)s_col[e] - src_lo) * H + h) * D,
+                s_att + h * D, D, lg * VW, G * VW, a.slope);
+          else
+            acc[u] = score_part<KIND, T, VW>(
+                s_q + r * HD + h * D, a.k + ((int64_t)s_col[e] * H + h) * D,
+                s_att + h * D, D, lg * VW, G * VW, a.slope);
         }
       }
 #pragma unroll
@@ -305,6 +366,8 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   __syncthreads();
+  if (stage_v)  // K is no longer read: the buffer takes V (synced below)
+    copy_to_smem<T, VW>(s_stage, a.v + src_lo * H * F, span * H * F, tid);
 
   // ---- 2. softmax, a warp per row
   for (int r = warp; r < nrows; r += kWarps) {
@@ -337,7 +400,7 @@ __global__ void __launch_bounds__(kThreads)
   auto get_j = [&](int e) -> int64_t { return (int64_t)s_col[e]; };
   auto get_p = [&](int e, int h) -> float { return s_score[h * cap + e]; };
   for (int r = warp; r < nrows; r += kWarps) {
-    const int lo = (int)s_rowptr[r], hi = (int)s_rowptr[r + 1];
+    const int elo = (int)s_rowptr[r], ehi = (int)s_rowptr[r + 1];
     for (int c0 = 0; c0 < slots; c0 += group * SLOTS) {
       float acc[SLOTS][VW];
       int hs[SLOTS];
@@ -347,8 +410,16 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int i = 0; i < VW; ++i) acc[s][i] = 0.f;
       }
-      spmm_accumulate<T, VW, SLOTS>(acc, a.v, HF, slots, c0, group, ls, sub,
-                                    lo, hi, hs, get_j, get_p);
+      if (stage_v) {
+        auto get_j_staged = [&](int e) -> int64_t {
+          return (int64_t)s_col[e] - src_lo;
+        };
+        spmm_accumulate<T, VW, SLOTS>(acc, s_stage, HF, slots, c0, group, ls,
+                                      sub, elo, ehi, hs, get_j_staged, get_p);
+      } else {
+        spmm_accumulate<T, VW, SLOTS>(acc, a.v, HF, slots, c0, group, ls, sub,
+                                      elo, ehi, hs, get_j, get_p);
+      }
       reduce_edge_groups<VW, SLOTS>(acc, group);
       if (sub == 0) {
 #pragma unroll
@@ -584,6 +655,7 @@ struct Launch {
   int64_t H, D, F;
   int qk_group, v_group, rows, device_optin;
   int64_t windows_per_block;  // SMMF: row windows per block (1 = one each)
+  int64_t stage_bytes;        // SMMF: smem for a window's K / V rows (0: off)
   bool vec;
   double scale, negative_slope;
 };
@@ -623,7 +695,7 @@ void run_smmf(const Launch& L) {
   const int HD_att = L.kind == kGatv2 ? (int)(L.H * L.D) : 0;
   const int64_t cap = L.rows * L.max_in_degree;
   const size_t bytes = smmf_layout(L.rows, cap, (int)L.H, HD_q, HD_att,
-                                   sizeof(index_t)).total;
+                                   sizeof(index_t), L.stage_bytes).total;
   const int64_t n_windows = (L.n_dst + L.rows - 1) / L.rows;
   const int wpb = (int)std::max<int64_t>(1, L.windows_per_block);
   const int64_t blocks = (n_windows + wpb - 1) / wpb;
@@ -634,7 +706,7 @@ void run_smmf(const Launch& L) {
       auto kernel = smmf_fwd_kernel<scalar_t, index_t, KIND, VEC>;
       allow_smem(kernel, bytes);
       kernel<<<(unsigned)blocks, kThreads, bytes, stream>>>(
-          a, L.rows, (int)cap, wpb);
+          a, L.rows, (int)cap, wpb, (int)L.stage_bytes);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });

@@ -30,13 +30,14 @@ DFGNN = {
              ('cluster-like', '4x32'): (1.37, None),
              ('pattern-like', '1x128'): (1.044, 2.79),
              ('pattern-like', '4x32'): (1.72, None),
-             ('reddit-like', '1x128'): (15.6, None)},
+             ('reddit-like-1/5', '1x128'): (15.6, None),
+             ('reddit-like-1/5', '4x32'): (31.5, None)},
 }
 DFGNN['h100'] = dict(DFGNN['h200'])
 DFGNN['h100'].update({('pattern-like', '1x128'): (1.052, 2.81),
                       ('cluster-like', '1x128'): (0.829, 2.20),
                       ('mnist-like', '1x128'): (0.186, 0.543),
-                      ('reddit-like', '1x128'): (16.4, None)})
+                      ('reddit-like-1/5', '1x128'): (16.4, None)})
 
 
 def main(argv=None):
@@ -45,16 +46,18 @@ def main(argv=None):
                    'cluster-like,pattern-like')
     p.add_argument('--dtype', default='fp32')
     p.add_argument('--out', default=None)
-    p.add_argument('--sweep', default='8:1,16:1,8:-1,16:-1,32:-1',
-                   help='SMMF rows:windows_per_block variants timed (fwd '
-                   'only) besides the default; "" for none')
+    p.add_argument('--sweep', default='8:1,16:1,8:-1,16:-1,8:1:64,16:1:64,'
+                   '16:1:120,32:1:120,16:-1:64',
+                   help='SMMF rows:windows_per_block[:stage_KB] variants '
+                   'timed (fwd only) besides the default; "" for none')
     args = p.parse_args(argv)
     from pyg_dfgnn.ops import cuda
     assert cuda.available()
     dev = torch.device('cuda')
     dtype = {'fp32': torch.float32, 'bf16': torch.bfloat16,
              'fp16': torch.float16}[args.dtype]
-    fam = gpu_family(dev) or 'h200'
+    fam = (gpu_family(dev) or 'h200').lower()
+    fam = fam if fam in DFGNN else 'h200'
     timer = Timer(dev)
     rows, records = [], []
     for name in args.graphs.split(','):
@@ -66,7 +69,7 @@ def main(argv=None):
                                    dtype=dtype) for _ in range(3))
             q = q / f**0.5
             auto = graph.strategy(h)
-            for strat in ('smmf', 'pmf'):
+            for strat in ('smmf', 'pmf') if auto == 'smmf' else ('pmf', ):
                 sid = 0 if strat == 'smmf' else 1
 
                 def fwd():
@@ -108,28 +111,32 @@ def main(argv=None):
     if sweep:
         srows = []
         for name in args.graphs.split(','):
+            if name.startswith('reddit'):  # PMF graph: no SMMF sweep
+                continue
             graph, _, n = make_dfgraph(name, dev)
             for shape, (h, f) in (('1x128', (1, 128)), ('4x32', (4, 32))):
                 g = torch.Generator(device=dev).manual_seed(0)
                 q, k, v = (torch.randn(n, h, f, device=dev, generator=g,
                                        dtype=dtype) for _ in range(3))
                 line = f'{name:13s} {shape:6s}'
-                for r, w in sweep:
+                for r, w, *kb in sweep:
                     os.environ['PYG_DFGNN_SMMF_ROWS'] = str(r)
                     os.environ['PYG_DFGNN_SMMF_WPB'] = str(w)
+                    os.environ['PYG_DFGNN_SMMF_STAGE_KB'] = str(
+                        kb[0] if kb else 0)
                     t = timer(lambda: torch.ops.pyg_dfgnn.fused_attention_fwd(
                         graph.rowptr, graph.col, 0, q, k, v, None, 1.0, 0.2,
                         0, graph.max_in_degree))
                     records.append(dict(graph=name, shape=shape,
-                                        strategy=f'smmf r{r} w{w}',
+                                        strategy=f'smmf r{r} w{w} s{kb}',
                                         dtype=args.dtype, fwd_ms=t))
                     line += f' {t:8.4f}'
                 srows.append(line)
-                os.environ.pop('PYG_DFGNN_SMMF_ROWS')
-                os.environ.pop('PYG_DFGNN_SMMF_WPB')
+                for var in ('ROWS', 'WPB', 'STAGE_KB'):
+                    os.environ.pop(f'PYG_DFGNN_SMMF_{var}')
             del graph
-        print('\n== SMMF fwd ms by rows:windows_per_block '
-              + ' '.join(f'{r}:{w}' for r, w in sweep))
+        print('\n== SMMF fwd ms by rows:windows_per_block[:stage_KB] '
+              + ' '.join(':'.join(map(str, v)) for v in sweep))
         for line in srows:
             print(line)
     print(f'\n== forward strategies, {torch.cuda.get_device_name()} '
