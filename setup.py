@@ -86,6 +86,11 @@ def cuda_extension_kwargs():
         _log('PYG_DFGNN_BUILD_CUDA=0: pure-Python install')
         return {}
     forced = flag == '1'
+    # torch guesses CUDA_HOME from the nvcc on PATH, which may be a wrapper
+    # script (here /usr/local/bin/nvcc -> CUDA_HOME=/usr/local, no libcudart)
+    if 'CUDA_HOME' not in os.environ and 'CUDA_PATH' not in os.environ and \
+            os.path.exists('/usr/local/cuda/bin/nvcc'):
+        os.environ['CUDA_HOME'] = '/usr/local/cuda'
     try:
         import torch
         from torch.utils.cpp_extension import (CUDA_HOME, BuildExtension,

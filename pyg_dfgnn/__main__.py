@@ -48,6 +48,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == 'bench-e2e':
+            if args.epochs < 1:
+                raise ConfigError(f'--epochs must be >= 1, got {args.epochs}')
             from pyg_dfgnn.train.bench import bench_e2e
             bench_e2e(args.cfg, args.epochs, args.opts, out_dir=args.out)
             return 0

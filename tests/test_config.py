@@ -163,6 +163,7 @@ def test_cli_reports_config_errors(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "unknown key 'gt.n_head'" in err
     assert main(['show-config', '--cfg', path.replace('cfg', 'x')]) == 2
+    assert main(["bench-e2e", "--cfg", path, "--epochs", "0"]) == 2
 
 
 def test_cli_show_config_applies_overrides(tmp_path, capsys):

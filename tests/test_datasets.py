@@ -184,6 +184,8 @@ def test_pyg_dataset_absent_is_a_clear_error_not_a_download(tmp_path,
                                  f'dataset.dir={tmp_path}'])
     with pytest.raises(FileNotFoundError, match='PATTERN'):
         build_datasets(cfg)
+    with pytest.raises(FileNotFoundError, match='ZINC'):
+        load_pyg_dataset('ZINC', 'subset', str(tmp_path), 'train')
     with pytest.raises(ValueError, match='PyG-QM9 is not supported'):
         load_pyg_dataset('QM9', 'x', str(tmp_path), 'train')
 

@@ -162,7 +162,10 @@ def run_case(cuda, rng, kind, dtype, strategy, graph_kind, heads, d, f,
         rg = torch.zeros_like(gv, dtype=torch.float64) if rg is None else rg
         assert gv.shape == rg.shape, f'grad_{name} shape: {tag}'
         assert torch.isfinite(gv).all(), f'grad_{name} non-finite: {tag}'
-        err = rel_err(gv, rg, floor=1e-2)
+        # absolute floor: a bf16/fp16 backward reuses the rounded output,
+        # so d score of a one-edge row is rounding noise around 0
+        err = rel_err(gv, rg,
+                      floor=1e-2 if dtype == torch.float32 else 1.0)
         tol = TOL_GRAD[dtype]
         assert err <= tol, f'grad_{name} rel err {err:.2e}: {tag}'
 
@@ -263,7 +266,8 @@ def test_bad_inputs_raise():
                                   0.2)
     with pytest.raises(ValueError, match='kind'):
         cuda.fused_attention_cuda(graph, 'mul', v, v, v, None, 1.0, 0.2)
-    v_strided = torch.randn(2, 4, 1, device='cuda').transpose(1, 2)
+    v_strided = torch.randn(4, 1, 2, device='cuda').permute(2, 1, 0)
+    assert not v_strided.is_contiguous()
     with pytest.raises(RuntimeError, match='contiguous'):
         torch.ops.pyg_dfgnn.fused_attention_fwd(
             graph.rowptr, graph.col, 0, v, v, v_strided, None, 1.0, 0.2, 0,

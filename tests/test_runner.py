@@ -188,6 +188,16 @@ def test_resume_continues_exactly(tmp_path):
         [[r[k] for k in keys] for r in full['history']]
 
 
+def test_time_limit_stops_resumably(tmp_path):
+    cfg = tiny(tmp_path, 'train.time_limit_s=1e-6')
+    logs = []
+    res = train(cfg, log=logs.append)
+    assert res['epochs_done'] == 1 and not res['finished']
+    assert any('time limit' in line for line in logs)
+    res = train(tiny(tmp_path), resume=True, log=quiet)
+    assert res['finished'] and res['epochs_done'] == 3
+
+
 def test_resume_refuses_other_config_or_missing_ckpt(tmp_path):
     cfg = tiny(tmp_path, 'optim.max_epoch=1')
     with pytest.raises(FileNotFoundError, match='no checkpoint'):
@@ -256,3 +266,19 @@ def test_bench_e2e_runs_both_backends(tmp_path, capsys):
     assert res['speedup_epoch_time'] > 0
     # same data, same init, same math: accuracies agree closely on CPU
     assert res['test_metric_delta'] == pytest.approx(0.0, abs=0.05)
+
+
+def test_integer_node_types_use_an_embedding(tmp_path):
+    # ZINC-style inputs: one integer type per node instead of features.
+    graphs = generate_sbm_splits('CLUSTER', size=8, seed=0)
+    for split in graphs.values():
+        for g in split:
+            g.x = g.x.argmax(1, keepdim=True)
+    bundle = DatasetBundle(graphs['train'], graphs['val'], graphs['test'],
+                           dim_in=1, dim_out=6, num_node_types=7)
+    cfg = tiny(tmp_path, 'dataset.node_encoder_name=TypeDictNode',
+               'optim.max_epoch=1')
+    model = build_model(cfg, 1, 6, num_node_types=7)
+    assert isinstance(model.node_encoder, torch.nn.Embedding)
+    res = train(cfg, bundle=bundle, log=quiet)
+    assert res['epochs_done'] == 1

@@ -13,8 +13,8 @@ from pyg_dfgnn.datasets.lap_pe import AddLapPE, AddRWSE
 from pyg_dfgnn.datasets.sbm import (PUBLISHED_STATS, SBMDataset,
                                     dataset_stats, generate_sbm_splits)
 
-__all__ = ['SBMDataset', 'AddLapPE', 'AddRWSE', 'generate_sbm_splits', 'dataset_stats',
-           'PUBLISHED_STATS', 'DatasetBundle', 'build_datasets',
+__all__ = ['SBMDataset', 'AddLapPE', 'AddRWSE', 'generate_sbm_splits',
+           'dataset_stats', 'PUBLISHED_STATS', 'DatasetBundle', 'build_datasets',
            'load_pyg_dataset']
 
 #: PyG datasets with a train/val/test ``split`` argument that we can read.

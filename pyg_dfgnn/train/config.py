@@ -85,10 +85,12 @@ SCHEMA: Dict[str, Any] = {
                         choices=('classification', 'regression')),
         'transductive': _f(False),
         'split_mode': _f('standard', choices=('standard', )),
-        'node_encoder': _f(True),
+        'node_encoder': _f(True, choices=(True, ),
+                           help='features are always linearly encoded'),
         'node_encoder_name': _f('LinearNode', str),
         'node_encoder_bn': _f(False),
-        'edge_encoder': _f(False),
+        'edge_encoder': _f(False, help='GINE always gets a DummyEdge '
+                           'encoder; other layers use no edge features'),
         'edge_encoder_name': _f('DummyEdge', choices=('DummyEdge', )),
         'edge_encoder_bn': _f(False),
     },
@@ -123,6 +125,9 @@ SCHEMA: Dict[str, Any] = {
         'ckpt_period': _f(1, min=1),
         'num_workers': _f(0, min=0),
         'progress_bar': _f(True),
+        'time_limit_s': _f(0.0, float, min=0.0,
+                           help='stop (checkpointed, resumable) after the '
+                           'epoch that passes this many seconds; 0 = none'),
     },
     'model': {
         'type': _f('GPSModel', choices=('GPSModel', )),

@@ -204,9 +204,12 @@ class GPSModel(nn.Module):
                      cfg.gt.layer_norm, cfg.gt.batch_norm)
             for _ in range(cfg.gt.layers)
         ])
-        head = []
+        head = []  # GraphGPS's inductive node head: (Linear-BN-act) x L-1
         for _ in range(cfg.gnn.layers_post_mp - 1):
-            head += [nn.Linear(dim, dim), activation(cfg.gnn.act)]
+            head.append(nn.Linear(dim, dim))
+            if cfg.gnn.batchnorm:
+                head.append(nn.BatchNorm1d(dim))
+            head += [activation(cfg.gnn.act), nn.Dropout(cfg.gnn.dropout)]
         head.append(nn.Linear(dim, dim_out))
         self.head = nn.Sequential(*head)
 

@@ -37,7 +37,7 @@ from pyg_dfgnn.train.config import Config, ConfigError, dump_config
 #: Config keys that may differ between a run and its resumption.
 RESUME_FREE_KEYS = ('device', 'num_threads', 'train.progress_bar',
                     'train.num_workers', 'train.eval_period',
-                    'train.ckpt_period')
+                    'train.ckpt_period', 'train.time_limit_s')
 
 CSV_FIELDS = ('epoch', 'train_loss', 'train_metric', 'val_loss',
               'val_metric', 'test_loss', 'test_metric', 'lr', 'epoch_time_s',
@@ -304,6 +304,16 @@ def train(cfg: Config, resume: bool = False, bundle=None,
                     for split, ds in (('val', bundle.val),
                                       ('test', bundle.test))}
 
+    fused = None  # whether the DF convs run the fused CUDA kernels
+    if cfg.backend == 'dfgnn' and device.type == 'cuda':
+        try:  # load (or JIT-build) now, so epoch 0 does not time the build
+            from pyg_dfgnn.ops import cuda as df_cuda
+            fused = bool(df_cuda.available())
+        except Exception as e:  # pragma: no cover - depends on the build
+            log(f'warning: fused kernels failed to load: {e}')
+            fused = False
+        log('fused CUDA kernels: ' + ('loaded' if fused else
+                                      'NOT available, reference path'))
     num_params = count_parameters(model)
     log(f"run {cfg.name}: {cfg.gt.layer_type} x{cfg.gt.layers}, "
         f"dim {cfg.gt.dim_hidden}, backend {cfg.backend}, device {device}, "
@@ -345,6 +355,11 @@ def train(cfg: Config, resume: bool = False, bundle=None,
         log(_format_row(row))
         done += 1
         stop = stop_after_epochs is not None and done >= stop_after_epochs
+        limit = cfg.train.time_limit_s
+        if limit and time.perf_counter() - t_run >= limit and not last:
+            stop = True
+            log(f'time limit {limit:.0f}s reached after epoch {epoch}; '
+                f'continue with --resume')
         if cfg.train.enable_ckpt and (
                 (epoch + 1) % cfg.train.ckpt_period == 0 or last or stop):
             _atomic_save({
@@ -368,6 +383,7 @@ def train(cfg: Config, resume: bool = False, bundle=None,
         'device_name': (torch.cuda.get_device_name(device)
                         if device.type == 'cuda' else 'cpu'),
         'torch': torch.__version__, 'num_params': num_params,
+        'fused_kernels': fused,
         'metric': cfg.metric_best, 'epochs_done': len(history),
         'finished': finished, 'wall_time_s': time.perf_counter() - t_run,
         'best': best, 'final': history[-1] if history else None,
