@@ -42,8 +42,9 @@ constexpr int kSmmfPreferredSmem = 64 * 1024;
 template <typename T, bool VEC>
 struct Width {
   static constexpr int kVW = VEC ? Vec<T>::kWidth : 1;
-  // Feature vectors a lane accumulates per pass (16 elements per lane).
-  static constexpr int kSlots = VEC ? 16 / kVW : 4;
+  // Feature vectors a lane accumulates per pass (8 elements per lane on the
+  // vector path: registers go to neighbours in flight instead).
+  static constexpr int kSlots = VEC ? (kVW >= 8 ? 1 : 8 / kVW) : 4;
 };
 
 template <typename T, typename I>

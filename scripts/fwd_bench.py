@@ -46,8 +46,7 @@ def main(argv=None):
                    'cluster-like,pattern-like')
     p.add_argument('--dtype', default='fp32')
     p.add_argument('--out', default=None)
-    p.add_argument('--sweep', default='8:1,16:1,8:-1,16:-1,8:1:64,16:1:64,'
-                   '16:1:120,32:1:120,16:-1:64',
+    p.add_argument('--sweep', default='8:1,16:1,32:1,16:1:64',
                    help='SMMF rows:windows_per_block[:stage_KB] variants '
                    'timed (fwd only) besides the default; "" for none')
     args = p.parse_args(argv)
