@@ -282,3 +282,24 @@ def test_integer_node_types_use_an_embedding(tmp_path):
     assert isinstance(model.node_encoder, torch.nn.Embedding)
     res = train(cfg, bundle=bundle, log=quiet)
     assert res['epochs_done'] == 1
+
+
+def test_rwse_norm_stats_are_right_after_few_steps(tmp_path):
+    # RWSE inputs have variance ~1e-6: an exponential running average would
+    # still remember its initial var = 1 after tens of steps and squash the
+    # encoding in eval mode (val accuracy at chance while train is high).
+    cfg = tiny(tmp_path, 'dataset.node_encoder_name=LinearNode+RWSE',
+               'posenc_RWSE.enable=true', 'posenc_RWSE.dim_pe=4')
+    bundle = build_datasets(cfg)
+    model = build_model(cfg, bundle.dim_in, bundle.dim_out).train()
+    from torch_geometric.loader import DataLoader
+    batches = list(DataLoader(bundle.train, batch_size=4))
+    with torch.no_grad():
+        for batch in batches:
+            model(batch)
+    norm = model.rwse_encoder[0]
+    rw = torch.cat([b.pestat_RWSE for b in batches])
+    var = rw.var(dim=0)
+    steps = var > 0  # P^1_ii = 0 without self-loops
+    ratio = norm.running_var[steps] / var[steps]
+    assert bool((ratio > 0.5).all() and (ratio < 2).all())

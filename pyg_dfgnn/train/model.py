@@ -185,9 +185,14 @@ class GPSModel(nn.Module):
         self.rwse_encoder = None
         if rw.enable:  # GraphGPS's RWSE 'Linear' model
             steps = len(rwse_times(rw.kernel.times_func))
+            # momentum=None: the running stats average all batches. The
+            # inputs are fixed data with tiny variance (~1e-6), so the usual
+            # exponential average would keep a trace of its initial var = 1
+            # for hundreds of steps and squash the PE in eval mode.
             self.rwse_encoder = nn.Sequential(
-                nn.BatchNorm1d(steps) if rw.raw_norm_type == 'BatchNorm'
-                else nn.Identity(), nn.Linear(steps, rw.dim_pe))
+                nn.BatchNorm1d(steps, momentum=None)
+                if rw.raw_norm_type == 'BatchNorm' else nn.Identity(),
+                nn.Linear(steps, rw.dim_pe))
         self.node_encoder_bn = (nn.BatchNorm1d(dim)
                                 if cfg.dataset.node_encoder_bn else None)
         # PATTERN/CLUSTER have no edge features: GINE gets a learned dummy
