@@ -42,9 +42,8 @@ constexpr int kSmmfPreferredSmem = 64 * 1024;
 template <typename T, bool VEC>
 struct Width {
   static constexpr int kVW = VEC ? Vec<T>::kWidth : 1;
-  // Feature vectors a lane accumulates per pass (8 elements per lane on the
-  // vector path: registers go to neighbours in flight instead).
-  static constexpr int kSlots = VEC ? (kVW >= 8 ? 1 : 8 / kVW) : 4;
+  // Feature vectors a lane accumulates per pass (16 elements per lane).
+  static constexpr int kSlots = VEC ? 16 / kVW : 4;
 };
 
 template <typename T, typename I>
@@ -79,49 +78,55 @@ __device__ __forceinline__ void load_smem(const float* p, float (&x)[VW]) {
   }
 }
 
-// Load VW values as fp32: from an fp32 row (shared memory staging of Q / att,
-// or an fp32 tensor) with 16-byte loads, or from a T row.
-template <int VW>
-__device__ __forceinline__ void load_row(const float* p, float (&x)[VW]) {
-  load_smem<VW>(p, x);
-}
-template <int VW, typename T>
-__device__ __forceinline__ void load_row(const T* p, float (&x)[VW]) {
-  load_vec<T, VW>(p, x);
-}
-
-// Partial scores of kUnroll (edge, head) items over this lane's share of D
-// (d0, d0 + dstep, ...). The items' key loads are issued together before any
-// is used, so a warp keeps kUnroll row loads in flight.
-template <int KIND, int VW, typename QT, typename KT, typename AT>
-__device__ __forceinline__ void score_parts(
-    float (&acc)[kUnroll], const bool (&ok)[kUnroll],
-    const QT* const (&q)[kUnroll], const KT* const (&k)[kUnroll],
-    const AT* const (&att)[kUnroll], int D, int d0, int dstep, float slope) {
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u) acc[u] = 0.f;
+// Partial score of one (edge, head) item over this lane's share of D.
+template <int KIND, typename T, int VW>
+__device__ __forceinline__ float score_part(const float* q_row,
+                                            const T* k_row, const float* att,
+                                            int D, int d0, int dstep,
+                                            float slope) {
+  float acc = 0.f;
   for (int d = d0; d < D; d += dstep) {
-    float kx[kUnroll][VW];
+    float kx[VW], qx[VW];
+    load_vec<T, VW>(k_row + d, kx);
+    load_smem<VW>(q_row + d, qx);
+    if constexpr (KIND == kDot) {
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      if (ok[u]) load_row<VW>(k[u] + d, kx[u]);
+      for (int i = 0; i < VW; ++i) acc = fmaf(qx[i], kx[i], acc);
+    } else {
+      float ax[VW];
+      load_smem<VW>(att + d, ax);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (!ok[u]) continue;
-      float qx[VW];
-      load_row<VW>(q[u] + d, qx);
-      if constexpr (KIND == kDot) {
-#pragma unroll
-        for (int i = 0; i < VW; ++i) acc[u] = fmaf(qx[i], kx[u][i], acc[u]);
-      } else {
-        float ax[VW];
-        load_row<VW>(att[u] + d, ax);
-#pragma unroll
-        for (int i = 0; i < VW; ++i)
-          acc[u] = fmaf(ax[i], leaky_relu(qx[i] + kx[u][i], slope), acc[u]);
-      }
+      for (int i = 0; i < VW; ++i)
+        acc = fmaf(ax[i], leaky_relu(qx[i] + kx[i], slope), acc);
     }
   }
+  return acc;
+}
+
+// Same, query row read from global memory (PMF SDDMM).
+template <int KIND, typename T, int VW>
+__device__ __forceinline__ float score_part_global(const T* q_row,
+                                                   const T* k_row,
+                                                   const T* att, int D,
+                                                   int d0, int dstep,
+                                                   float slope) {
+  float acc = 0.f;
+  for (int d = d0; d < D; d += dstep) {
+    float kx[VW], qx[VW];
+    load_vec<T, VW>(k_row + d, kx);
+    load_vec<T, VW>(q_row + d, qx);
+    if constexpr (KIND == kDot) {
+#pragma unroll
+      for (int i = 0; i < VW; ++i) acc = fmaf(qx[i], kx[i], acc);
+    } else {
+      float ax[VW];
+      load_vec<T, VW>(att + d, ax);
+#pragma unroll
+      for (int i = 0; i < VW; ++i)
+        acc = fmaf(ax[i], leaky_relu(qx[i] + kx[i], slope), acc);
+    }
+  }
+  return acc;
 }
 
 // SpMM of one row: acc += sum_{e in [lo, hi)} p(e, head) * v[j(e)] for this
@@ -132,32 +137,40 @@ __device__ __forceinline__ void spmm_accumulate(
     float (&acc)[SLOTS][VW], const T* __restrict__ v, int64_t HF, int slots,
     int c0, int group, int ls, int sub, int lo, int hi, const int (&hs)[SLOTS],
     GetJ get_j, GetP get_p) {
-  // U neighbours per step, their V loads issued together (predicated tail).
-  constexpr int U = VW >= 8 ? 4 : 8;
   const int epar = kWarpSize / group;
-  for (int e = lo + sub; e < hi; e += U * epar) {
-    int64_t j[U];
-    bool ok[U];
+  int e = lo + sub;
+  for (; e + (kUnroll - 1) * epar < hi; e += kUnroll * epar) {
+    int64_t j[kUnroll];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      ok[u] = e + u * epar < hi;
-      j[u] = ok[u] ? get_j(e + u * epar) : 0;
-    }
+    for (int u = 0; u < kUnroll; ++u) j[u] = get_j(e + u * epar);
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const int sl = c0 + ls + s * group;
       if (sl < slots) {
-        float x[U][VW];
+        float x[kUnroll][VW];
 #pragma unroll
-        for (int u = 0; u < U; ++u)
-          if (ok[u]) load_vec<T, VW>(v + j[u] * HF + (int64_t)sl * VW, x[u]);
+        for (int u = 0; u < kUnroll; ++u)
+          load_vec<T, VW>(v + j[u] * HF + (int64_t)sl * VW, x[u]);
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-          if (!ok[u]) continue;
+        for (int u = 0; u < kUnroll; ++u) {
           const float p = get_p(e + u * epar, hs[s]);
 #pragma unroll
           for (int i = 0; i < VW; ++i) acc[s][i] = fmaf(p, x[u][i], acc[s][i]);
         }
+      }
+    }
+  }
+  for (; e < hi; e += epar) {
+    const int64_t j = get_j(e);
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      const int sl = c0 + ls + s * group;
+      if (sl < slots) {
+        float x[VW];
+        load_vec<T, VW>(v + j * HF + (int64_t)sl * VW, x);
+        const float p = get_p(e, hs[s]);
+#pragma unroll
+        for (int i = 0; i < VW; ++i) acc[s][i] = fmaf(p, x[i], acc[s][i]);
       }
     }
   }
@@ -222,9 +235,8 @@ __device__ __forceinline__ void copy_to_smem(T* dst, const T* __restrict__ src,
 }
 
 // ============================================================= SMMF kernel
-// At most 128 registers: two blocks (16 warps) per SM.
 template <typename T, typename I, int KIND, bool VEC>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads)
     smmf_fwd_kernel(FwdArgs<T, I> a, int rows, int cap, int windows_per_block,
                     int stage_bytes) {
   constexpr int VW = Width<T, VEC>::kVW;
@@ -325,40 +337,30 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int base = start; base < end; base += kUnroll * ng) {
       float acc[kUnroll];
       int ee[kUnroll], hh[kUnroll];
-      bool ok[kUnroll];
-      int64_t jj[kUnroll];
-      const float* qp[kUnroll];
-      const float* ap[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int it = base + u * ng + g;
-        ok[u] = it < end;
-        const int e = ok[u] ? it / H : 0, h = ok[u] ? it - e * H : 0;
-        if (ok[u]) r = advance_row(s_rowptr, r, e);
-        ee[u] = e, hh[u] = h;
-        jj[u] = (int64_t)s_col[e];
-        qp[u] = s_q + r * HD + h * D;
-        ap[u] = s_att + h * D;
-      }
-      if (stage_k) {
-        const T* kp[kUnroll];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u)
-          kp[u] = s_stage + ((jj[u] - src_lo) * H + hh[u]) * D;
-        score_parts<KIND, VW>(acc, ok, qp, kp, ap, D, lg * VW, G * VW,
-                              a.slope);
-      } else {
-        const T* kp[kUnroll];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u)
-          kp[u] = a.k + (jj[u] * H + hh[u]) * D;
-        score_parts<KIND, VW>(acc, ok, qp, kp, ap, D, lg * VW, G * VW,
-                              a.slope);
+        acc[u] = 0.f;
+        ee[u] = -1;
+        if (it < end) {
+          const int e = it / H, h = it - e * H;
+          r = advance_row(s_rowptr, r, e);
+          ee[u] = e, hh[u] = h;
+          if (stage_k)
+            acc[u] = score_part<KIND, T, VW>(
+                s_q + r * HD + h * D,
+                s_stage + (((int64_t)s_col[e] - src_lo) * H + h) * D,
+                s_att + h * D, D, lg * VW, G * VW, a.slope);
+          else
+            acc[u] = score_part<KIND, T, VW>(
+                s_q + r * HD + h * D, a.k + ((int64_t)s_col[e] * H + h) * D,
+                s_att + h * D, D, lg * VW, G * VW, a.slope);
+        }
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const float s = group_sum(acc[u], G);
-        if (lg == 0 && ok[u])
+        if (lg == 0 && ee[u] >= 0)
           s_score[hh[u] * cap + ee[u]] = KIND == kDot ? s * a.scale : s;
       }
     }
@@ -470,47 +472,31 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t base = start; base < end; base += kUnroll * ng) {
     float acc[kUnroll];
     int64_t ii[kUnroll];
-    bool ok[kUnroll];
-    if constexpr (KIND == kAdd) {
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t it = base + u * ng + g;
-        ok[u] = it < end;
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t it = base + u * ng + g;
+      acc[u] = 0.f;
+      ii[u] = -1;
+      if (it < end) {
+        const int64_t e = it / H;
+        const int h = (int)(it - e * H);
+        while (a.rowptr[r + 1] <= e) ++r;
         ii[u] = it;
-        acc[u] = 0.f;
-        if (ok[u]) {
-          const int64_t e = it / H;
-          const int h = (int)(it - e * H);
-          while (a.rowptr[r + 1] <= e) ++r;
-          const int64_t j = (int64_t)a.col[e];
-          acc[u] = leaky_relu(
-              to_float(a.q[r * H + h]) + to_float(a.k[j * H + h]), a.slope);
+        const int64_t j = (int64_t)a.col[e];
+        if constexpr (KIND == kAdd) {
+          acc[u] = leaky_relu(to_float(a.q[r * H + h]) + to_float(a.k[j * H + h]),
+                              a.slope);
+        } else {
+          acc[u] = score_part_global<KIND, T, VW>(
+              a.q + r * HD + (int64_t)h * D, a.k + j * HD + (int64_t)h * D,
+              a.att + (int64_t)h * D, D, lg * VW, G * VW, a.slope);
         }
       }
-    } else {
-      const T* qp[kUnroll];
-      const T* kp[kUnroll];
-      const T* ap[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t it = base + u * ng + g;
-        ok[u] = it < end;
-        ii[u] = it;
-        const int64_t e = ok[u] ? it / H : 0;
-        const int h = ok[u] ? (int)(it - e * H) : 0;
-        if (ok[u])
-          while (a.rowptr[r + 1] <= e) ++r;
-        const int64_t j = ok[u] ? (int64_t)a.col[e] : 0;
-        qp[u] = a.q + r * HD + (int64_t)h * D;
-        kp[u] = a.k + j * HD + (int64_t)h * D;
-        ap[u] = a.att + (int64_t)h * D;
-      }
-      score_parts<KIND, VW>(acc, ok, qp, kp, ap, D, lg * VW, G * VW, a.slope);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const float s = KIND == kAdd ? acc[u] : group_sum(acc[u], G);
-      if (lg == 0 && ok[u]) scores[ii[u]] = KIND == kDot ? s * a.scale : s;
+      if (lg == 0 && ii[u] >= 0) scores[ii[u]] = KIND == kDot ? s * a.scale : s;
     }
   }
 }

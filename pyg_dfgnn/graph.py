@@ -314,7 +314,9 @@ class DFGraph:
     # ---------------------------------------------------------------- checks
     def check_fresh(self) -> None:
         """Raise if the tensor this graph was built from changed in place."""
-        if self._source is None:
+        # Skipped while torch.compile traces: reading a tensor's version is a
+        # graph break, and the eager call before compilation checked it.
+        if self._source is None or torch.compiler.is_compiling():
             return
         ref, fingerprint = self._source
         source = ref()

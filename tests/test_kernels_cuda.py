@@ -297,3 +297,23 @@ def test_torch_compile_fullgraph():
     assert torch.allclose(loss, ref_loss, rtol=1e-5)
     for a, b in zip(grads, ref_grads):
         assert rel_err(a, b) <= 1e-5
+
+
+def test_torch_compile_public_op_fullgraph():
+    """The public op (input checks included) traces without graph breaks."""
+    _cuda()
+    rng = random.Random(4)
+    ei, (n_src, n_dst) = random_graph('uniform', rng)
+    graph = DFGraph.from_edge_index(ei.cuda(), size=(n_src, n_dst))
+    gen = torch.Generator().manual_seed(4)
+    v, q, k, att = make_inputs('gatv2', n_src, n_dst, 2, 8, 8, torch.float32,
+                               gen, False)
+
+    def layer(v, q, k, att):
+        return fused_attention(graph, 'gatv2', v, q, k, att,
+                               negative_slope=0.2)
+
+    out = torch.compile(layer, fullgraph=True)(v, q, k, att)
+    ref, _ = fused_attention_reference(graph, 'gatv2', v, q, k, att, 1.0,
+                                       0.2)
+    assert rel_err(out, ref) <= 1e-5
