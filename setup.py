@@ -19,6 +19,7 @@ import os
 import sys
 
 from setuptools import setup
+from setuptools.command.build_py import build_py
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 KERNEL_DIR = 'kernels'
@@ -147,6 +148,19 @@ if os.path.exists(readme):
     with open(readme, encoding='utf-8') as f:
         long_description = f.read()
 
+class build_py_with_kernels(build_py):
+    """Ship kernels/ as ``pyg_dfgnn/_kernels`` so that a regular (not
+    editable) install can still JIT-build the kernels on first use."""
+    def run(self):
+        super().run()
+        target = os.path.join(self.build_lib, 'pyg_dfgnn', '_kernels')
+        os.makedirs(target, exist_ok=True)
+        for ext in ('cpp', 'cu', 'cuh', 'h'):
+            for src in glob.glob(os.path.join(ROOT, KERNEL_DIR, f'*.{ext}')):
+                self.copy_file(src, target)
+
+
+kwargs = cuda_extension_kwargs()
+kwargs.setdefault('cmdclass', {})['build_py'] = build_py_with_kernels
 setup(long_description=long_description,
-      long_description_content_type='text/markdown',
-      **cuda_extension_kwargs())
+      long_description_content_type='text/markdown', **kwargs)

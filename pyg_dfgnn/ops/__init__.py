@@ -102,6 +102,19 @@ def check_inputs(graph: DFGraph, kind: str, value: Tensor, query: Tensor,
         _check_tensor('edge_value', edge_value, (e, heads, f_out), dt, dev)
 
 
+_noted = False
+
+
+def _note_reference_path() -> None:
+    """On a machine without CUDA, say once that the reference path runs."""
+    global _noted
+    if not _noted:
+        _noted = True
+        if not torch.cuda.is_available():
+            from pyg_dfgnn.ops._loader import load_kernels
+            load_kernels()  # prints the one-line notice
+
+
 def fused_attention(
     graph: DFGraph,
     kind: str,
@@ -154,6 +167,8 @@ def fused_attention(
         if _cuda.available():
             return _cuda.fused_attention_cuda(graph, kind, value, query, key,
                                               att, scale, negative_slope)
+    elif not value.is_cuda:
+        _note_reference_path()
     out, alpha = fused_attention_reference(graph, kind, value, query, key,
                                            att, scale, negative_slope,
                                            edge_score, edge_key, edge_value,

@@ -14,7 +14,11 @@ from typing import Optional
 
 import torch
 
-KERNEL_DIR = Path(__file__).resolve().parents[2] / 'kernels'
+# A source checkout (editable install) has kernels/ at the repository root; a
+# wheel carries a copy as package data (setup.py's build_py).
+_PACKAGE = Path(__file__).resolve().parents[1]
+KERNEL_DIR = next((d for d in (_PACKAGE.parent / 'kernels', _PACKAGE / '_kernels')
+                   if d.is_dir()), _PACKAGE.parent / 'kernels')
 _state: Optional[bool] = None
 _reason: str = ''
 
@@ -44,7 +48,9 @@ def build(verbose: bool = False):
 
 
 def load_kernels() -> bool:
-    """True once the ``torch.ops.pyg_dfgnn`` kernels are registered."""
+    """True once the ``torch.ops.pyg_dfgnn`` kernels are registered.
+
+    Said once on stderr when they are not (no CUDA device, build failed)."""
     global _state, _reason
     if _state is not None:
         return _state
