@@ -4,7 +4,9 @@
 #
 #   run: bash scripts/gpu-check.sh            (OUT defaults to ./gpu-check-out)
 #   STAGES="build test sanitize fwdbench bench" bash scripts/gpu-check.sh
-#                                             (a subset)
+#                                             (a subset; also: modules, e2e —
+#                                             module-level and end-to-end
+#                                             benchmarks, off by default)
 #   PYTEST_ARGS="-k random_case" ...          (extra pytest arguments)
 #   SANITIZE_SCRIPTS="scripts/sanitize_cases.py" ...  (default: fwd + bwd)
 set -u
@@ -67,6 +69,16 @@ fi
 if has bench && [ -f benchmarks/kernels.py ]; then
   stage bench 200 $PY benchmarks/kernels.py ${BENCH_ARGS:-} \
     --out "$OUT/kernels.json"
+fi
+
+if has modules && [ -f benchmarks/modules.py ]; then
+  stage modules ${MODULES_TIMEOUT:-240} $PY benchmarks/modules.py \
+    ${MODULES_ARGS:-} --out "$OUT/modules.json"
+fi
+if has e2e; then  # same config, backend pyg vs dfgnn, same data and epochs
+  stage e2e ${E2E_TIMEOUT:-300} $PY -m pyg_dfgnn bench-e2e \
+    --cfg ${E2E_CFG:-configs/pattern-gat.yaml} --epochs ${E2E_EPOCHS:-3} \
+    --out "$OUT" train.num_workers=4 ${E2E_ARGS:-}
 fi
 
 {
