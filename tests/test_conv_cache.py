@@ -233,3 +233,19 @@ def test_torch_compile_keeps_the_cache_semantics():
     ei[0, :3] = torch.tensor([4, 5, 6])
     torch.testing.assert_close(compiled(_x(), ei, ea), pyg(_x(), ei, ea))
     assert graph_cache_info()['builds'] == 2
+
+
+def test_returned_edge_index_of_prebuilt_graph_modified_in_place():
+    # Regression: with a DFGraph as input, the edge_index returned with the
+    # attention weights was one cached tensor; a user's in-place edit of it
+    # showed up in every later return.
+    ei = random_graph(N, N, 20, 1)
+    graph = DFGraph.from_edge_index(ei, num_nodes=N)
+    df = DFGATConv(F_IN, C, add_self_loops=False)
+    x = _x()
+    _, (ei_ret, _) = df(x, graph, return_attention_weights=True)
+    assert torch.equal(ei_ret, ei)
+    ei_ret.fill_(0)  # the user scribbles on what they got back
+    _, (ei_ret2, alpha) = df(x, graph, return_attention_weights=True)
+    assert torch.equal(ei_ret2, ei)
+    assert alpha.size(0) == ei.size(1)

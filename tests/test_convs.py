@@ -634,3 +634,72 @@ def _fresh_cache():
     clear_graph_cache()
     yield
     clear_graph_cache()
+
+
+@pytest.mark.parametrize('name', ['gat', 'gatv2', 'transformer'])
+@pytest.mark.parametrize('fmt', ['sparse_tensor', 'coo', 'csr'])
+def test_edge_features_stored_in_sparse_adjacency_values(name, fmt):
+    # Regression: PyG uses the >= 2-D values of a sparse adjacency as
+    # 'edge_attr' when none is passed (what T.ToSparseTensor produces); the
+    # DF convs ignored them (GAT, GATv2: silently wrong) or refused them.
+    if fmt == 'sparse_tensor' and not WITH_TORCH_SPARSE:
+        pytest.skip('needs torch_sparse')
+    kwargs = dict(heads=2, edge_dim=3)
+    if name != 'transformer':
+        kwargs['add_self_loops'] = False
+    pyg, df = make_pair(name, F_IN, C, **kwargs)
+    ei = coalesce(random_graph(N, N, 16, 7), num_nodes=N)
+    leaves = dict(x=_features(N, F_IN, 1), ea=_features(ei.size(1), 3, 2))
+
+    def call(conv, t, is_df):
+        # ei is coalesced by (src, dst); the adjacency is row = dst major
+        perm = (ei[1] * N + ei[0]).argsort()
+        row, col, val = ei[1][perm], ei[0][perm], t['ea'][perm]
+        if fmt == 'sparse_tensor':
+            adj = SparseTensor(row=row, col=col, value=val,
+                               sparse_sizes=(N, N))
+        elif fmt == 'coo':
+            adj = torch.sparse_coo_tensor(torch.stack([row, col]), val,
+                                          (N, N, 3)).coalesce()
+        else:
+            crow = torch.cat([row.new_zeros(1),
+                              torch.bincount(row, minlength=N).cumsum(0)])
+            adj = torch.sparse_csr_tensor(crow, col, val, (N, N, 3))
+        return conv(t['x'], adj)
+
+    run_both(pyg, df, leaves, call)
+
+
+def test_edge_features_in_uncoalesced_coo_values():
+    # PyG cannot read an uncoalesced COO; the DF convs keep its duplicate
+    # entries as edges, and its values must be read in that same order.
+    ei = random_graph(N, N, 16, 7)  # duplicates, unsorted
+    ea = _features(ei.size(1), 3, 2)
+    adj = torch.sparse_coo_tensor(torch.stack([ei[1], ei[0]]), ea,
+                                  (N, N, 3))
+    assert not adj.is_coalesced()
+    x = _features(N, F_IN, 1)
+    df = DFGATConv(F_IN, C, heads=2, edge_dim=3, add_self_loops=False)
+    bare = torch.sparse_coo_tensor(torch.stack([ei[1], ei[0]]),
+                                   torch.ones(ei.size(1)), (N, N))
+    torch.testing.assert_close(df(x, adj), df(x, bare, ea))
+
+
+@pytest.mark.parametrize('name', ['gat', 'gatv2'])
+def test_attention_weights_on_uncoalesced_coo(name):
+    # Regression: the forward takes an uncoalesced COO (duplicates stay
+    # separate edges) but return_attention_weights crashed in
+    # set_sparse_value, which needs coalesced indices.
+    ei = random_graph(N, N, 16, 7)
+    adj = torch.sparse_coo_tensor(torch.stack([ei[1], ei[0]]),
+                                  torch.ones(ei.size(1)), (N, N))
+    assert not adj.is_coalesced()
+    x = _features(N, F_IN, 1)
+    df = (DFGATConv if name == 'gat' else DFGATv2Conv)(
+        F_IN, C, heads=2, add_self_loops=False)
+    out, (adj_ret, alpha) = df(x, adj, return_attention_weights=True)
+    out_ei, (ei_ret, alpha_ei) = df(x, ei, return_attention_weights=True)
+    torch.testing.assert_close(out, out_ei)
+    assert torch.equal(adj_ret._indices(), adj._indices())
+    torch.testing.assert_close(adj_ret._values(), alpha_ei)
+    torch.testing.assert_close(alpha, alpha_ei)

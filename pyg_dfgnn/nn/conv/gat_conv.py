@@ -11,6 +11,7 @@ from torch_geometric.nn.dense.linear import (
 from torch_geometric.nn.inits import glorot, zeros
 
 from pyg_dfgnn.nn.conv.utils import (
+    adjacency_edge_attr,
     attention_weights,
     cast,
     check_message_passing_config,
@@ -238,6 +239,8 @@ class DFGATConv(MessagePassing):
             edge_index, size, x_src.size(0),
             None if x_dst is None else x_dst.size(0))
 
+        if edge_attr is None and self.lin_edge is not None:
+            edge_attr = adjacency_edge_attr(edge_index)  # as PyG collects it
         loops = None
         if self.add_self_loops:
             check_sparse_self_loops(edge_index, self.edge_dim, edge_attr)

@@ -8,6 +8,7 @@ from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.nn.inits import glorot, zeros
 
 from pyg_dfgnn.nn.conv.utils import (
+    adjacency_edge_attr,
     attention_weights,
     cast,
     check_message_passing_config,
@@ -224,6 +225,8 @@ class DFGATv2Conv(MessagePassing):
 
         num_src, num_dst = resolve_sizes(edge_index, None, x_l.size(0),
                                          x_r.size(0))
+        if edge_attr is None and self.lin_edge is not None:
+            edge_attr = adjacency_edge_attr(edge_index)  # as PyG collects it
         loops = None
         if self.add_self_loops:
             check_sparse_self_loops(edge_index, self.edge_dim, edge_attr)

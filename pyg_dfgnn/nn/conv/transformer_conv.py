@@ -7,6 +7,7 @@ from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.nn.dense.linear import Linear
 
 from pyg_dfgnn.nn.conv.utils import (
+    adjacency_edge_attr,
     attention_weights,
     cast,
     check_message_passing_config,
@@ -197,6 +198,8 @@ class DFTransformerConv(MessagePassing):
 
         edge_feat: Optional[Tensor] = None
         if self.lin_edge is not None:
+            if edge_attr is None:  # as PyG collects it
+                edge_attr = adjacency_edge_attr(edge_index)
             if edge_attr is None:
                 raise ValueError(f"'{self.__class__.__name__}' was built "
                                  f"with 'edge_dim' but no 'edge_attr' was "

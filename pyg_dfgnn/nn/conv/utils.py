@@ -110,7 +110,7 @@ class EdgeStructure:
         self._kept_dst: Optional[Tuple[Tensor, bool]] = None
         self._attr_rows: Optional[Tensor] = None
         self._inv_perm: Optional[Tensor] = None
-        self._graph_edge_index: Optional[Tensor] = None
+        self._graph_edge_index: Optional[Tuple[Tensor, Any]] = None
 
     # ------------------------------------------------------------ edge attrs
     def edge_attr(self, adj: Any, edge_attr: Tensor,
@@ -233,14 +233,16 @@ class EdgeStructure:
         """The adjacency PyG's conv holds after its self-loop handling (what
         it returns with attention weights); a DFGraph's edge_index."""
         if isinstance(adj, DFGraph):
-            if self._graph_edge_index is None:
+            # Rebuilt if the user modified a returned one in place.
+            held = self._graph_edge_index
+            if held is None or _version_of(held[0]) != held[1]:
                 g = self.graph
                 with _cached_tensors():
                     ei = torch.stack([g.col.to(torch.int64), g.row], dim=0)
-                    self._graph_edge_index = ei.index_select(
-                        1, self.to_user_order(torch.arange(
-                            g.num_edges, device=g.device)))
-            return self._graph_edge_index
+                    ei = ei.index_select(1, self.to_user_order(torch.arange(
+                        g.num_edges, device=g.device)))
+                self._graph_edge_index = (ei, _version_of(ei))
+            return self._graph_edge_index[0]
         if self.loops is None:
             return adj
         # Rebuilt if the user modified a returned one in place.
@@ -396,6 +398,11 @@ def attention_weights(structure: EdgeStructure, adj: Any, alpha: Tensor,
     if is_sparse_tensor(held):
         return held.set_value(alpha, layout='coo')
     if is_torch_sparse(held) and sparse_values:
+        if held.layout == torch.sparse_coo and not held.is_coalesced():
+            # set_sparse_value reads indices(), which needs a coalesced COO
+            return torch.sparse_coo_tensor(
+                held._indices(), alpha, held.shape[:2] + alpha.shape[1:],
+                is_coalesced=False), alpha
         return set_sparse_value(held, alpha), alpha
     return held, alpha
 
@@ -503,6 +510,21 @@ def resolve_sizes(adj: Any, size: Any, num_src: int,
     if resolved[1] is None:
         resolved[1] = resolved[0]
     return resolved[0], resolved[1]
+
+
+def adjacency_edge_attr(adj: Any) -> Optional[Tensor]:
+    """The edge features a sparse adjacency carries as its values, which
+    PyG's convs use when no ``edge_attr`` is passed (``T.ToSparseTensor``
+    stores ``edge_attr`` there); 1-D values are edge weights, not features
+    (``None``)."""
+    if is_sparse_tensor(adj):
+        value = adj.storage.value()
+    elif is_torch_sparse(adj):  # values() refuses an uncoalesced COO
+        value = adj._values() if adj.layout == torch.sparse_coo and \
+            not adj.is_coalesced() else adj.values()
+    else:
+        return None
+    return value if value is not None and value.dim() > 1 else None
 
 
 def check_sparse_self_loops(adj: Any, edge_dim: Optional[int],
