@@ -170,3 +170,18 @@ def test_device_mix_errors():
     for conv in (DFTransformerConv(16, 8).to(DEV), DFAGNNConv().to(DEV)):
         with pytest.raises(ValueError, match='edge_index'):
             conv(x, ei)
+
+
+@pytest.mark.parametrize('conv', [DFAGNNConv(), DFGATConv(8, 8, bias=False)])
+def test_inplace_edit_of_output_keeps_backward(conv):
+    # The fused op saves its output for the backward; editing the returned
+    # features in place (as PyG allows) must not break the backward.
+    conv = conv.to(DEV)
+    x = torch.randn(50, 8, device=DEV, requires_grad=True)
+    ei = random_graph(50, 50, 300, 0).to(DEV)
+    out = conv(x, ei)
+    expected = torch.autograd.grad(out.relu().sum(), x)[0]
+    out = conv(x, ei)
+    out.relu_()
+    (grad, ) = torch.autograd.grad(out.sum(), x)
+    torch.testing.assert_close(grad, expected)

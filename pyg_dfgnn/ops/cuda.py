@@ -144,7 +144,10 @@ def fused_attention_cuda(graph, kind: str, value: Tensor, query: Tensor,
         att.contiguous() if att is not None else None, float(scale),
         float(negative_slope), 0 if strategy == SMMF else 1,
         int(graph.max_in_degree))
-    return out
+    # The backward reads `out` (saved by the op); when one will run, hand the
+    # caller a copy so that in-place edits of the result (`h.relu_()` on a
+    # conv's output view) stay legal, as with PyG's unfused chain.
+    return out.clone() if colptr is not None else out
 
 
 fused_attention_op = None  # set by _register()
