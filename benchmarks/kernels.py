@@ -28,7 +28,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # graphs/timing; pyg_dfgnn
 from graphs import DEFAULT_GRAPHS, GRAPHS, make_dfgraph  # noqa: E402
-from timing import (Timer, environment, default_out, free_memory,  # noqa
+from timing import (Timer, environment, default_out, free_memory, resolve_run,  # noqa
                     gpu_family, is_oom, peak_memory_mb, print_table, rel_err,
                     save_json)
 
@@ -330,21 +330,9 @@ def main(argv=None) -> List[Dict]:
                         'benchmarks/results/kernels-<gpu>-<date>.json)')
     args = parser.parse_args(argv)
 
-    device = torch.device(args.device or (
-        'cuda' if torch.cuda.is_available() else 'cpu'))
-    graphs = args.graphs.split(',')
+    device, graphs, scale = resolve_run(args, parser)
     shapes = args.shapes.split(',')
     dtypes = args.dtype.split(',')
-    scale = args.scale
-    if args.quick:
-        if args.graphs == parser.get_default('graphs'):
-            graphs = ['cora-like', 'pattern-like'] if device.type == 'cuda' \
-                else ['cora-like', 'mnist-like']
-        if scale is None and device.type != 'cuda':
-            scale = 0.05
-    if device.type == 'cpu':
-        torch.set_num_threads(1)  # stable CPU timings on a shared machine
-    scale = scale or 1.0
     for name in graphs:
         if name not in GRAPHS:
             parser.error(f"unknown graph '{name}'")

@@ -24,7 +24,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # graphs/timing; pyg_dfgnn
 from graphs import DEFAULT_GRAPHS, GRAPHS, make_graph  # noqa: E402
-from timing import (Timer, default_out, environment, free_memory,  # noqa
+from timing import (Timer, default_out, environment, free_memory, resolve_run,  # noqa
                     is_oom, peak_memory_mb, print_table, rel_err, save_json)
 from kernels import DTYPES  # noqa: E402
 
@@ -233,19 +233,8 @@ def main(argv=None) -> List[Dict]:
                         'benchmarks/results/modules-<gpu>-<date>.json)')
     args = parser.parse_args(argv)
 
-    device = torch.device(args.device or (
-        'cuda' if torch.cuda.is_available() else 'cpu'))
-    graphs, convs = args.graphs.split(','), args.convs.split(',')
-    dtypes, scale = args.dtype.split(','), args.scale
-    if args.quick:
-        if args.graphs == parser.get_default('graphs'):
-            graphs = ['cora-like', 'pattern-like'] if device.type == 'cuda' \
-                else ['cora-like', 'mnist-like']
-        if scale is None and device.type != 'cuda':
-            scale = 0.05
-    if device.type == 'cpu':
-        torch.set_num_threads(1)  # stable CPU timings on a shared machine
-    scale = scale or 1.0
+    device, graphs, scale = resolve_run(args, parser)
+    convs, dtypes = args.convs.split(','), args.dtype.split(',')
     for name, known in ((graphs, GRAPHS), (convs, CONVS), (dtypes, DTYPES)):
         for n in name:
             if n not in known:

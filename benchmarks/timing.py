@@ -183,3 +183,21 @@ def print_table(headers: List[str], rows: List[List]) -> None:
     print('-+-'.join('-' * w for w in widths))
     for r in cells:
         print(' | '.join(c.rjust(w) for c, w in zip(r, widths)))
+
+
+def resolve_run(args, parser) -> tuple:
+    """``(device, graphs, scale)`` from the shared CLI flags (``--device``,
+    ``--graphs``, ``--scale``, ``--quick``); ``--quick`` picks a small subset
+    (and a 5 % scale on the CPU)."""
+    device = torch.device(args.device or (
+        'cuda' if torch.cuda.is_available() else 'cpu'))
+    graphs, scale = args.graphs.split(','), args.scale
+    if args.quick:
+        if args.graphs == parser.get_default('graphs'):
+            graphs = ['cora-like', 'pattern-like'] if device.type == 'cuda' \
+                else ['cora-like', 'mnist-like']
+        if scale is None and device.type != 'cuda':
+            scale = 0.05
+    if device.type == 'cpu':
+        torch.set_num_threads(1)  # stable CPU timings on a shared machine
+    return device, graphs, scale or 1.0
