@@ -17,7 +17,6 @@ figures), with our speedups over them. Prints a table and saves JSON.
     python benchmarks/kernels.py --dtype fp32,bf16 --graphs pattern-like
     python benchmarks/kernels.py --quick              # smoke run (CPU too)
 """
-import argparse
 import math
 import os
 import sys
@@ -28,7 +27,8 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # graphs/timing; pyg_dfgnn
 from graphs import DEFAULT_GRAPHS, GRAPHS, make_dfgraph  # noqa: E402
-from timing import (Timer, environment, default_out, free_memory, resolve_run,  # noqa
+from timing import (Timer, environment, default_out, free_memory, make_parser,
+                    resolve_run,  # noqa
                     gpu_family, is_oom, peak_memory_mb, print_table, rel_err,
                     save_json)
 
@@ -305,29 +305,12 @@ def _err(e):
 
 
 def main(argv=None) -> List[Dict]:
-    parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--graphs', default=','.join(DEFAULT_GRAPHS),
-                        help=f'comma-separated, from {",".join(GRAPHS)}')
+    parser = make_parser(__doc__, 'kernels', ','.join(DEFAULT_GRAPHS),
+                         GRAPHS)
     parser.add_argument('--shapes', default=','.join(SHAPES),
                         help='comma-separated HxF (1x128, 4x32)')
-    parser.add_argument('--dtype', default='fp32',
-                        help='comma-separated: fp32, bf16, fp16')
-    parser.add_argument('--quick', action='store_true',
-                        help='smoke run: cora-like + pattern-like (tiny '
-                        'versions of cora-like + mnist-like on a CPU), '
-                        'short timing')
-    parser.add_argument('--scale', type=float, default=None,
-                        help='shrink the graphs (default 1, 0.05 on a CPU '
-                        'with --quick)')
-    parser.add_argument('--device', default=None,
-                        help='default: cuda if available, else cpu')
-    parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--flush-l2', action='store_true',
                         help='time with a cold L2 (zero 256 MB between calls)')
-    parser.add_argument('--out', default=None, help='JSON path (default '
-                        'benchmarks/results/kernels-<gpu>-<date>.json)')
     args = parser.parse_args(argv)
 
     device, graphs, scale = resolve_run(args, parser)

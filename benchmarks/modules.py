@@ -14,7 +14,6 @@ PyG is timed live. Prints a table and saves JSON.
 
 Convs of pyg_dfgnn.nn that do not exist (yet) are skipped with a note.
 """
-import argparse
 import os
 import sys
 from typing import Callable, Dict, List, Optional
@@ -24,7 +23,8 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # graphs/timing; pyg_dfgnn
 from graphs import DEFAULT_GRAPHS, GRAPHS, make_graph  # noqa: E402
-from timing import (Timer, default_out, environment, free_memory, resolve_run,  # noqa
+from timing import (Timer, default_out, environment, free_memory, make_parser,
+                    resolve_run,  # noqa
                     is_oom, peak_memory_mb, print_table, rel_err, save_json)
 from kernels import DTYPES  # noqa: E402
 
@@ -211,26 +211,10 @@ def print_rows(rows: List[Dict]) -> None:
 
 
 def main(argv=None) -> List[Dict]:
-    parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--graphs', default=','.join(DEFAULT_GRAPHS),
-                        help=f'comma-separated, from {",".join(GRAPHS)}')
+    parser = make_parser(__doc__, 'modules', ','.join(DEFAULT_GRAPHS),
+                         GRAPHS)
     parser.add_argument('--convs', default=','.join(CONVS),
                         help=f'comma-separated, from {",".join(CONVS)}')
-    parser.add_argument('--dtype', default='fp32',
-                        help='comma-separated: fp32, bf16, fp16')
-    parser.add_argument('--quick', action='store_true',
-                        help='smoke run: cora-like + pattern-like (tiny '
-                        'cora-like + mnist-like on a CPU), short timing')
-    parser.add_argument('--scale', type=float, default=None,
-                        help='shrink the graphs (default 1, 0.05 on a CPU '
-                        'with --quick)')
-    parser.add_argument('--device', default=None,
-                        help='default: cuda if available, else cpu')
-    parser.add_argument('--seed', type=int, default=0)
-    parser.add_argument('--out', default=None, help='JSON path (default '
-                        'benchmarks/results/modules-<gpu>-<date>.json)')
     args = parser.parse_args(argv)
 
     device, graphs, scale = resolve_run(args, parser)

@@ -185,6 +185,31 @@ def print_table(headers: List[str], rows: List[List]) -> None:
         print(' | '.join(c.rjust(w) for c, w in zip(r, widths)))
 
 
+def make_parser(doc: str, kind: str, graphs: str, all_graphs):
+    """The benchmarks' shared CLI; a script adds its own
+    flags (``--shapes``, ``--convs``, ...) to ``parser`` before parsing."""
+    import argparse
+    parser = argparse.ArgumentParser(
+        description=doc.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--graphs', default=graphs,
+                        help=f'comma-separated, from {",".join(all_graphs)}')
+    parser.add_argument('--dtype', default='fp32',
+                        help='comma-separated: fp32, bf16, fp16')
+    parser.add_argument('--quick', action='store_true',
+                        help='smoke run: cora-like + pattern-like (tiny '
+                        'cora-like + mnist-like on a CPU), short timing')
+    parser.add_argument('--scale', type=float, default=None,
+                        help='shrink the graphs (default 1, 0.05 on a CPU '
+                        'with --quick)')
+    parser.add_argument('--device', default=None,
+                        help='default: cuda if available, else cpu')
+    parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--out', default=None, help='JSON path (default '
+                        f'benchmarks/results/{kind}-<gpu>-<date>.json)')
+    return parser
+
+
 def resolve_run(args, parser) -> tuple:
     """``(device, graphs, scale)`` from the shared CLI flags (``--device``,
     ``--graphs``, ``--scale``, ``--quick``); ``--quick`` picks a small subset

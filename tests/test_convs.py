@@ -322,10 +322,8 @@ def test_input_formats(name, fmt, loops, bipartite):
     ei = coalesce(random_graph(n_src, n_dst, 16, 7), num_nodes=max(n_src,
                                                                    n_dst))
     leaves = dict(xs=_features(n_src, F_IN, 1), ei=ei)
-    x_keys = ('xs', )
     if bipartite:
         leaves['xd'] = _features(n_dst, 3, 2)
-        x_keys = ('xs', 'xd')
 
     def call(conv, t, is_df):
         x = t['xs'] if not bipartite else (t['xs'], t['xd'])
