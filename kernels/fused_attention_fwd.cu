@@ -35,11 +35,6 @@ void check_cuda(const at::Tensor& t, const char* name, at::Device dev) {
               "' must be contiguous");
 }
 
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : fallback;
-}
-
 bool aligned16(const at::Tensor& t) {
   return !t.defined() || t.numel() == 0 ||
          reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
@@ -52,7 +47,8 @@ std::tuple<at::Tensor, at::Tensor> fused_attention_fwd_cuda(
     const at::Tensor& rowptr, const at::Tensor& col, int64_t kind,
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
     const c10::optional<at::Tensor>& att_opt, double scale,
-    double negative_slope, int64_t strategy, int64_t max_in_degree) {
+    double negative_slope, int64_t strategy, int64_t max_in_degree,
+    const c10::optional<at::Tensor>& windows_opt, int64_t stage_nodes) {
   TORCH_CHECK(kind >= 0 && kind <= 2, "fused_attention_fwd: unknown kind ",
               kind);
   const at::Device dev = value.device();
@@ -128,58 +124,45 @@ std::tuple<at::Tensor, at::Tensor> fused_attention_fwd_cuda(
   C10_CUDA_CHECK(cudaDeviceGetAttribute(
       &device_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev.index()));
 
-  // SMMF rows per block: the default window if its smem is modest, else the
-  // most rows that fit; PMF if even one row does not fit.
-  const int HD_q = kind == kAdd ? (int)H : (int)(H * D);
-  const int HD_att = kind == kGatv2 ? (int)(H * D) : 0;
-  const size_t ib = col.element_size();
-  // Tuning knobs for experiments (benchmarks/NOTES.md), defaults otherwise:
-  // PYG_DFGNN_SMMF_ROWS rows per window, PYG_DFGNN_SMMF_WPB windows per block
-  // (-1: a persistent grid of 2 blocks per SM).
-  const int rows_pref = env_int("PYG_DFGNN_SMMF_ROWS", kSmmfRows);
-  int64_t windows_per_block = env_int("PYG_DFGNN_SMMF_WPB", 1);
-  int rows = 0;
-  if (strategy == 0 && col.scalar_type() == at::kInt) {
-    for (int r = std::max(1, rows_pref); r >= 1; --r) {
-      const size_t b = smmf_layout(r, r * max_in_degree, (int)H, HD_q,
-                                   HD_att, ib).total;
-      if (b <= (size_t)kSmmfPreferredSmem || (r == 1 && b <= (size_t)device_optin)) {
-        rows = r;
-        break;
-      }
+  Launch L{rowptr, col, query, key, value, att, out, lse, at::Tensor(),
+           kind, n_dst, n_edges, max_in_degree, H, D, F,
+           qk_group, v_group, device_optin, 0, vec, scale, negative_slope};
+  // SMMF needs int32 'col' and its per-warp scratch (query row, one chunk of
+  // scores) in shared memory; anything else runs PMF. Graph-aligned windows
+  // stage up to `stage_nodes` source rows each, as many as fit.
+  bool smmf = strategy == 0 && col.scalar_type() == at::kInt;
+  if (smmf && windows_opt.has_value() && windows_opt->defined() &&
+      stage_nodes > 0) {
+    const at::Tensor& windows = *windows_opt;
+    check_cuda(windows, "windows", dev);
+    TORCH_CHECK(windows.scalar_type() == at::kLong && windows.dim() == 1 &&
+                    windows.numel() >= 2,
+                "fused_attention_fwd: 'windows' must be int64 [W + 1] row "
+                "boundaries from DFGraph.row_windows");
+    const size_t base = smmf_launch_layout(L, 0, kSmmfStagedWarps).total;
+    const size_t per_node = smmf_launch_layout(L, 1, kSmmfStagedWarps).total -
+                            base;
+    if (base + per_node <= (size_t)device_optin) {
+      L.stage_span = std::min<int64_t>(
+          stage_nodes, ((size_t)device_optin - base) / std::max<size_t>(per_node, 1));
+      // 16-byte rounding of the two staged arrays
+      while (L.stage_span > 0 &&
+             smmf_launch_layout(L, L.stage_span, kSmmfStagedWarps).total >
+                 (size_t)device_optin)
+        --L.stage_span;
+      if (L.stage_span > 0) L.windows = windows;
     }
   }
-
-
-  // PYG_DFGNN_SMMF_STAGE_KB: smem (KB) for staging a window's K / V rows
-  // when its sources are close (0: off).
-  int64_t stage_bytes = 0;
-  if (rows > 0) {
-    const size_t base = smmf_layout(rows, rows * max_in_degree, (int)H, HD_q,
-                                    HD_att, ib).total;
-    stage_bytes = (int64_t)env_int("PYG_DFGNN_SMMF_STAGE_KB", 0) * 1024;
-    stage_bytes = std::max<int64_t>(
-        0, std::min<int64_t>(stage_bytes, (int64_t)device_optin - (int64_t)base));
-    stage_bytes &= ~int64_t(15);
-  }
-  if (rows > 0 && windows_per_block < 0) {
-    int sms = 0;
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(
-        &sms, cudaDevAttrMultiProcessorCount, dev.index()));
-    const int64_t n_windows = (n_dst + rows - 1) / rows;
-    windows_per_block = std::max<int64_t>(1, (n_windows + 2 * sms - 1) / (2 * sms));
-  }
-  Launch L{rowptr, col, query, key, value, att, out, lse,
-           kind, n_dst, n_edges, max_in_degree, H, D, F,
-           qk_group, v_group, rows, device_optin, windows_per_block,
-           stage_bytes, vec, scale, negative_slope};
+  if (smmf && !L.windows.defined() &&
+      smmf_launch_layout(L, 0, kSmmfPlainWarps).total > (size_t)device_optin)
+    smmf = false;
   switch (dtype) {
-    case at::kFloat: rows ? run_smmf<float>(L) : run_pmf<float>(L); break;
+    case at::kFloat: smmf ? run_smmf<float>(L) : run_pmf<float>(L); break;
     case at::kHalf:
-      rows ? run_smmf<at::Half>(L) : run_pmf<at::Half>(L);
+      smmf ? run_smmf<at::Half>(L) : run_pmf<at::Half>(L);
       break;
     case at::kBFloat16:
-      rows ? run_smmf<at::BFloat16>(L) : run_pmf<at::BFloat16>(L);
+      smmf ? run_smmf<at::BFloat16>(L) : run_pmf<at::BFloat16>(L);
       break;
     default:
       TORCH_CHECK(false, "fused_attention_fwd: unsupported dtype ", dtype,

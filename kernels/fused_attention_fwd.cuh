@@ -4,14 +4,18 @@
 // (int32/int64 col) x score KIND (dot/add/gatv2) x VEC (16-byte vectors or a
 // scalar path for feature sizes that are not multiples of the vector width).
 //
-// SMMF (one kernel, node-parallel): a block owns `rows` consecutive rows.
-//   0. stage the block's rowptr window, col, query rows (fp32) and att in smem;
-//   1. warp-balanced SDDMM: the block's (edge, head) items are split evenly
-//      over the warps; a group of lanes computes one item; scores -> smem;
-//   2. redundancy-free softmax: a warp per row, lanes over edges; exp values
-//      overwrite the scores in smem; lse = max + log(sum + 1e-16) -> global;
-//   3. vectorized SpMM: a warp per row, lanes over 16-byte feature vectors
-//      (lanes split over edges too when H*F is short), 4 neighbours unrolled.
+// SMMF (one kernel, node-parallel): a block owns a window of rows.
+//   0. graph-aligned windows (DFGraph.row_windows: one small graph of a
+//      batch, or several) stage their source rows of K and V in smem once;
+//   1. rows go to warps dynamically; a warp walks its row in chunks of 32
+//      edges: balanced SDDMM over the chunk's (edge, head) items (a group of
+//      lanes per item), scores -> smem;
+//   2. online (redundancy-free) softmax: lanes over the chunk's edges, exp
+//      values overwrite the scores in smem, running max / sum per head;
+//      lse = max + log(sum + 1e-16) -> global at the end of the row;
+//   3. vectorized SpMM: lanes over 16-byte feature vectors (split over edges
+//      too when H*F is short), 4 neighbours unrolled, earlier chunks'
+//      partial sums rescaled by the new max.
 // PMF (rows too long for SMMF's shared memory; any degree):
 //   a. edge-parallel SDDMM -> scores [E, H] fp32 in global memory;
 //   b. softmax + SpMM, a warp per segment of <= kSegEdges edges of one row;
@@ -36,8 +40,11 @@ constexpr int kThreads = kWarps * kWarpSize;
 constexpr int kUnroll = 4;       // independent items / neighbours in flight
 constexpr int kSegEdges = 256;   // PMF: edges per segment (one warp)
 constexpr int kTileEdges = 32;   // PMF: edges per exp tile in smem
-constexpr int kSmmfRows = 16;    // SMMF: rows per window by default
-constexpr int kSmmfPreferredSmem = 64 * 1024;
+constexpr int kRowChunk = 32;    // SMMF: edges per online-softmax chunk
+constexpr int kSmmfMaxThreads = 512;
+constexpr int kSmmfStagedWarps = 16;  // SMMF block with staging (a window)
+constexpr int kSmmfPlainWarps = 8;    // SMMF block without staging
+constexpr int kSmmfPlainRows = 16;    // rows of such a block
 
 template <typename T, bool VEC>
 struct Width {
@@ -129,20 +136,20 @@ __device__ __forceinline__ float score_part_global(const T* q_row,
   return acc;
 }
 
-// SpMM of one row: acc += sum_{e in [lo, hi)} p(e, head) * v[j(e)] for this
-// lane's feature vectors (slot c0 + ls + s * group). Lanes of one edge group
-// (lane / group) take every `epar`-th edge; reduce_edge_groups sums them.
-template <typename T, int VW, int SLOTS, typename GetJ, typename GetP>
+// SpMM of one row: acc += sum_{e in [lo, hi)} p(e, head) * v_row(e) for this
+// lane's feature vectors (slot c0 + ls + s * group). `row_of(e)` gives the
+// value row of edge e (global or staged in shared memory). Lanes of one edge
+// group (lane / group) take every `epar`-th edge; reduce_edge_groups sums them.
+template <typename T, int VW, int SLOTS, typename RowOf, typename GetP>
 __device__ __forceinline__ void spmm_accumulate(
-    float (&acc)[SLOTS][VW], const T* __restrict__ v, int64_t HF, int slots,
-    int c0, int group, int ls, int sub, int lo, int hi, const int (&hs)[SLOTS],
-    GetJ get_j, GetP get_p) {
+    float (&acc)[SLOTS][VW], int slots, int c0, int group, int ls, int sub,
+    int lo, int hi, const int (&hs)[SLOTS], RowOf row_of, GetP get_p) {
   const int epar = kWarpSize / group;
   int e = lo + sub;
   for (; e + (kUnroll - 1) * epar < hi; e += kUnroll * epar) {
-    int64_t j[kUnroll];
+    const T* rows[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) j[u] = get_j(e + u * epar);
+    for (int u = 0; u < kUnroll; ++u) rows[u] = row_of(e + u * epar);
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const int sl = c0 + ls + s * group;
@@ -150,7 +157,7 @@ __device__ __forceinline__ void spmm_accumulate(
         float x[kUnroll][VW];
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u)
-          load_vec<T, VW>(v + j[u] * HF + (int64_t)sl * VW, x[u]);
+          load_vec<T, VW>(rows[u] + (int64_t)sl * VW, x[u]);
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
           const float p = get_p(e + u * epar, hs[s]);
@@ -161,13 +168,13 @@ __device__ __forceinline__ void spmm_accumulate(
     }
   }
   for (; e < hi; e += epar) {
-    const int64_t j = get_j(e);
+    const T* row = row_of(e);
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const int sl = c0 + ls + s * group;
       if (sl < slots) {
         float x[VW];
-        load_vec<T, VW>(v + j * HF + (int64_t)sl * VW, x);
+        load_vec<T, VW>(row + (int64_t)sl * VW, x);
         const float p = get_p(e, hs[s]);
 #pragma unroll
         for (int i = 0; i < VW; ++i) acc[s][i] = fmaf(p, x[i], acc[s][i]);
@@ -188,255 +195,269 @@ __device__ __forceinline__ void reduce_edge_groups(float (&acc)[SLOTS][VW],
   }
 }
 
-// Advance `r` (a row of the window) until it holds local edge e.
-__device__ __forceinline__ int advance_row(const int64_t* s_rowptr, int r,
-                                           int64_t e) {
-  while (s_rowptr[r + 1] <= e) ++r;
-  return r;
-}
-
-// Shared memory of an SMMF block (byte offsets, each 16-byte aligned):
-// rowptr [rows + 1] int64 | q rows fp32 [rows][HD_q] | att fp32 [HD_att] |
-// inv fp32 [rows][H] | scores fp32 [H][cap] | col [cap].
-struct SmmfLayout {
-  size_t q, att, inv, score, col, red, stage, total;
-};
 __host__ __device__ inline size_t align16(size_t b) {
   return (b + 15) & ~(size_t)15;
 }
-__host__ __device__ inline SmmfLayout smmf_layout(int rows, int64_t cap, int H,
-                                                  int HD_q, int HD_att,
-                                                  size_t index_bytes,
-                                                  size_t stage_bytes = 0) {
+
+// Shared memory of an SMMF block (byte offsets, 16-byte aligned):
+// staged K rows [span][HD_k] T | staged V rows [span][H*F] T |
+// att fp32 [HD_att] | block scalars | per warp: query row fp32 [HD_q] |
+// p fp32 [H][kRowChunk] | m, l, corr fp32 [H] each | sources int32 [kRowChunk].
+struct SmmfLayout {
+  size_t v, att, scalars, warps, warp_bytes, total;
+};
+__host__ __device__ inline SmmfLayout smmf_layout(int span, int H, int HD_k,
+                                                  int HF, int HD_q, int HD_att,
+                                                  int warps, size_t elem) {
   SmmfLayout L;
-  L.q = align16((size_t)(rows + 1) * 8);
-  L.att = align16(L.q + (size_t)rows * HD_q * 4);
-  L.inv = align16(L.att + (size_t)HD_att * 4);
-  L.score = align16(L.inv + (size_t)rows * H * 4);
-  L.col = align16(L.score + (size_t)cap * H * 4);
-  L.red = align16(L.col + (size_t)cap * index_bytes);
-  L.stage = align16(L.red + 2 * kWarps * 8);
-  L.total = align16(L.stage + stage_bytes);
+  L.v = align16((size_t)span * HD_k * elem);
+  L.att = align16(L.v + (size_t)span * HF * elem);
+  L.scalars = align16(L.att + (size_t)HD_att * 4);
+  L.warps = L.scalars + 16;
+  L.warp_bytes =
+      align16((size_t)(HD_q + H * kRowChunk + 3 * H + kRowChunk) * 4);
+  L.total = L.warps + (size_t)warps * L.warp_bytes;
   return L;
 }
 
-// Copy n elements global -> shared, 16 bytes per access when VW > 1 (both
+// Copy n elements global -> shared (16 bytes per access when VW > 1: both
 // ends 16-byte aligned and n a multiple of VW then).
 template <typename T, int VW>
 __device__ __forceinline__ void copy_to_smem(T* dst, const T* __restrict__ src,
-                                             int64_t n, int tid) {
+                                             int64_t n) {
   if constexpr (VW > 1) {
     const uint4* s4 = reinterpret_cast<const uint4*>(src);
     uint4* d4 = reinterpret_cast<uint4*>(dst);
-    for (int64_t i = tid; i < n / VW; i += kThreads) d4[i] = s4[i];
+    for (int64_t i = threadIdx.x; i < n / VW; i += blockDim.x) d4[i] = s4[i];
   } else {
-    for (int64_t i = tid; i < n; i += kThreads) dst[i] = src[i];
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
   }
 }
 
 // ============================================================= SMMF kernel
-template <typename T, typename I, int KIND, bool VEC>
-__global__ void __launch_bounds__(kThreads)
-    smmf_fwd_kernel(FwdArgs<T, I> a, int rows, int cap, int windows_per_block,
-                    int stage_bytes) {
+// A block owns a window of rows: `windows[b] .. windows[b + 1]` (graph-aligned
+// windows from DFGraph.row_windows: the sources of a small graph of a batch),
+// or `rows_per_block` consecutive rows. With `stage_span` > 0 the window's
+// source rows [lo, lo + stage_span) of K and V (lo = its smallest source) are
+// copied to shared memory once, so each edge reads them there instead of
+// from L2 (a 119-node graph is reused by ~41 edges per node); sources beyond
+// the staged range are read from global memory.
+// Rows go to warps dynamically. A warp walks its row in chunks of kRowChunk
+// edges: warp-balanced SDDMM over the chunk's (edge, head) items (a group of
+// lanes per item), online softmax (lanes over edges, exp values in smem,
+// running max / sum per head, previous partial sums rescaled), SpMM with
+// lanes over 16-byte feature vectors. Any degree fits: nothing is sized by
+// the row length.
+template <typename T, int KIND, bool VEC>
+__global__ void __launch_bounds__(kSmmfMaxThreads)
+    smmf_fwd_kernel(FwdArgs<T, int32_t> a, const int64_t* __restrict__ windows,
+                    int rows_per_block, int stage_span) {
   constexpr int VW = Width<T, VEC>::kVW;
   constexpr int SLOTS = Width<T, VEC>::kSlots;
+  constexpr int C = kRowChunk;
   extern __shared__ __align__(16) unsigned char smem[];
-  const int H = a.H, D = a.D, F = a.F;
-  const int HD = H * D;
-  const SmmfLayout L = smmf_layout(rows, cap, H, KIND == kAdd ? H : HD,
-                                   KIND == kGatv2 ? HD : 0, sizeof(I),
-                                   stage_bytes);
-  int64_t* s_rowptr = reinterpret_cast<int64_t*>(smem);
-  float* s_q = reinterpret_cast<float*>(smem + L.q);
+  const int H = a.H, D = a.D;
+  const int HD_k = KIND == kAdd ? H : H * D;
+  const int HD_q = HD_k;
+  const int HF = H * a.F;
+  const int n_warps = blockDim.x / kWarpSize;
+  const SmmfLayout L = smmf_layout(stage_span, H, HD_k, HF, HD_q,
+                                   KIND == kGatv2 ? H * D : 0, n_warps,
+                                   sizeof(T));
+  T* s_k = reinterpret_cast<T*>(smem);
+  T* s_v = reinterpret_cast<T*>(smem + L.v);
   float* s_att = reinterpret_cast<float*>(smem + L.att);
-  float* s_inv = reinterpret_cast<float*>(smem + L.inv);
-  float* s_score = reinterpret_cast<float*>(smem + L.score);
-  I* s_col = reinterpret_cast<I*>(smem + L.col);
-  int64_t* s_red = reinterpret_cast<int64_t*>(smem + L.red);
-  T* s_stage = reinterpret_cast<T*>(smem + L.stage);
+  int* s_next = reinterpret_cast<int*>(smem + L.scalars);
+  int* s_lo = s_next + 1;  // [lo, hi] of the window's sources (two ints)
 
   const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
-  // A block walks `windows_per_block` consecutive row windows (> 1: a
-  // persistent grid whose SMs each sweep a contiguous slice of the graph, so
-  // the K / V rows of a small graph stay in L1 while its rows are done).
-  const int64_t n_windows = (a.n_dst + rows - 1) / rows;
-  const int64_t win_begin = (int64_t)blockIdx.x * windows_per_block;
-  const int64_t win_end = win_begin + windows_per_block < n_windows
-                              ? win_begin + windows_per_block : n_windows;
-  for (int64_t win = win_begin; win < win_end; ++win) {
-  const int64_t row0 = win * rows;
-  const int nrows = (int)(a.n_dst - row0 < rows ? a.n_dst - row0 : rows);
+  int64_t r_begin, r_end;
+  if (windows != nullptr) {
+    r_begin = windows[blockIdx.x];
+    r_end = windows[blockIdx.x + 1];
+  } else {
+    r_begin = (int64_t)blockIdx.x * rows_per_block;
+    r_end = r_begin + rows_per_block < a.n_dst ? r_begin + rows_per_block
+                                                : a.n_dst;
+  }
 
-  // ---- 0. stage
-  for (int i = tid; i <= nrows; i += kThreads) s_rowptr[i] = a.rowptr[row0 + i];
-  for (int i = tid; i < nrows * HD; i += kThreads)
-    s_q[i] = to_float(a.q[row0 * HD + i]);
+  // ---- 0. stage the window's source rows of K and V
+  if (tid == 0) {
+    s_next[0] = 0;
+    s_lo[0] = INT32_MAX;
+    s_lo[1] = -1;
+  }
   if constexpr (KIND == kGatv2)
-    for (int i = tid; i < HD; i += kThreads) s_att[i] = to_float(a.att[i]);
-  __syncthreads();
-  const int64_t e0 = s_rowptr[0];
-  const int n_e = (int)(s_rowptr[nrows] - e0);
-  for (int i = tid; i < n_e; i += kThreads) s_col[i] = a.col[e0 + i];
-  // rowptr relative to the block's first edge
-  __syncthreads();
-  if (tid <= nrows) s_rowptr[tid] -= e0;
-
-  // ---- 0b. source window: when the window's sources [lo, hi] are close
-  // (batches of small graphs), K rows (then V rows) of that range are staged
-  // once in smem and every edge reads them there instead of from L2.
-  int64_t src_lo = 0, span = 0;
-  bool stage_k = false, stage_v = false;
-  if (stage_bytes > 0 && n_e > 0) {
-    int64_t mn = INT64_MAX, mx = -1;
-    for (int i = tid; i < n_e; i += kThreads) {
-      const int64_t j = (int64_t)s_col[i];
+    for (int i = tid; i < H * D; i += blockDim.x) s_att[i] = to_float(a.att[i]);
+  int src_lo = 0, n_staged = 0;
+  if (stage_span > 0) {
+    __syncthreads();
+    const int64_t e0 = a.rowptr[r_begin], e1 = a.rowptr[r_end];
+    int mn = INT32_MAX, mx = -1;
+    for (int64_t e = e0 + tid; e < e1; e += blockDim.x) {
+      const int j = a.col[e];
       mn = j < mn ? j : mn;
       mx = j > mx ? j : mx;
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
-      const int64_t omn = __shfl_xor_sync(kFullMask, mn, o);
-      const int64_t omx = __shfl_xor_sync(kFullMask, mx, o);
-      mn = omn < mn ? omn : mn;
-      mx = omx > mx ? omx : mx;
+      mn = min(mn, __shfl_xor_sync(kFullMask, mn, o));
+      mx = max(mx, __shfl_xor_sync(kFullMask, mx, o));
     }
-    if (lane == 0) s_red[warp] = mn, s_red[kWarps + warp] = mx;
+    if (lane == 0) {
+      atomicMin(&s_lo[0], mn);
+      atomicMax(&s_lo[1], mx);
+    }
     __syncthreads();
-    mn = s_red[0], mx = s_red[kWarps];
-    for (int w = 1; w < kWarps; ++w) {
-      mn = s_red[w] < mn ? s_red[w] : mn;
-      mx = s_red[kWarps + w] > mx ? s_red[kWarps + w] : mx;
-    }
-    src_lo = mn;
-    span = mx - mn + 1;
-    stage_k = KIND != kAdd && span * HD * (int64_t)sizeof(T) <= stage_bytes;
-    stage_v = span * H * F * (int64_t)sizeof(T) <= stage_bytes;
-    if (stage_k)
-      copy_to_smem<T, VW>(s_stage, a.k + src_lo * HD, span * HD, tid);
-  }
-  __syncthreads();
-
-  // ---- 1. warp-balanced SDDMM
-  const int n_items = n_e * H;
-  if constexpr (KIND == kAdd) {
-    int r = 0;
-    for (int it = tid; it < n_items; it += kThreads) {
-      const int e = it / H, h = it - e * H;
-      r = advance_row(s_rowptr, r, e);
-      const float x = s_q[r * H + h] + to_float(a.k[(int64_t)s_col[e] * H + h]);
-      s_score[h * cap + e] = leaky_relu(x, a.slope);
-    }
-  } else {
-    const int G = a.qk_group, ng = kWarpSize / G;
-    const int g = lane / G, lg = lane % G;
-    const int per_warp = (n_items + kWarps - 1) / kWarps;
-    const int start = warp * per_warp;
-    const int end = min(n_items, start + per_warp);
-    int r = 0;
-    for (int base = start; base < end; base += kUnroll * ng) {
-      float acc[kUnroll];
-      int ee[kUnroll], hh[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int it = base + u * ng + g;
-        acc[u] = 0.f;
-        ee[u] = -1;
-        if (it < end) {
-          const int e = it / H, h = it - e * H;
-          r = advance_row(s_rowptr, r, e);
-          ee[u] = e, hh[u] = h;
-          if (stage_k)
-            acc[u] = score_part<KIND, T, VW>(
-                s_q + r * HD + h * D,
-                s_stage + (((int64_t)s_col[e] - src_lo) * H + h) * D,
-                s_att + h * D, D, lg * VW, G * VW, a.slope);
-          else
-            acc[u] = score_part<KIND, T, VW>(
-                s_q + r * HD + h * D, a.k + ((int64_t)s_col[e] * H + h) * D,
-                s_att + h * D, D, lg * VW, G * VW, a.slope);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const float s = group_sum(acc[u], G);
-        if (lg == 0 && ee[u] >= 0)
-          s_score[hh[u] * cap + ee[u]] = KIND == kDot ? s * a.scale : s;
-      }
-    }
-  }
-  __syncthreads();
-  if (stage_v)  // K is no longer read: the buffer takes V (synced below)
-    copy_to_smem<T, VW>(s_stage, a.v + src_lo * H * F, span * H * F, tid);
-
-  // ---- 2. softmax, a warp per row
-  for (int r = warp; r < nrows; r += kWarps) {
-    const int lo = (int)s_rowptr[r], hi = (int)s_rowptr[r + 1];
-    for (int h = 0; h < H; ++h) {
-      float* sc = s_score + h * cap;
-      float m = -INFINITY;
-      for (int e = lo + lane; e < hi; e += kWarpSize) m = fmaxf(m, sc[e]);
-      m = warp_max(m);
-      float sum = 0.f;
-      for (int e = lo + lane; e < hi; e += kWarpSize) {
-        const float x = expf(sc[e] - m);
-        sc[e] = x;
-        sum += x;
-      }
-      sum = warp_sum(sum);
-      if (lane == 0) {
-        a.lse[(row0 + r) * H + h] = hi > lo ? m + logf(sum + 1e-16f) : -INFINITY;
-        s_inv[r * H + h] = 1.f / (sum + 1e-16f);
-      }
+    if (s_lo[1] >= 0) {
+      src_lo = s_lo[0];
+      n_staged = min(stage_span, s_lo[1] - src_lo + 1);
+      copy_to_smem<T, (KIND == kAdd ? 1 : VW)>(
+          s_k, a.k + (int64_t)src_lo * HD_k, (int64_t)n_staged * HD_k);
+      copy_to_smem<T, VW>(s_v, a.v + (int64_t)src_lo * HF,
+                          (int64_t)n_staged * HF);
     }
   }
   __syncthreads();
 
-  // ---- 3. SpMM, a warp per row
-  const int64_t HF = (int64_t)H * F;
-  const int slots = (int)(HF / VW);
+  // ---- per warp scratch
+  float* s_q = reinterpret_cast<float*>(smem + L.warps + warp * L.warp_bytes);
+  float* s_p = s_q + HD_q;
+  float* s_m = s_p + H * C;
+  float* s_l = s_m + H;
+  float* s_c = s_l + H;
+  int* s_j = reinterpret_cast<int*>(s_c + H);
+
+  auto k_row = [&](int j, int h) -> const T* {  // key of (source j, head h)
+    const unsigned jr = (unsigned)(j - src_lo);
+    return jr < (unsigned)n_staged ? s_k + ((int64_t)jr * H + h) * (HD_k / H)
+                                   : a.k + ((int64_t)j * H + h) * (HD_k / H);
+  };
+  auto v_row = [&](int e) -> const T* {  // value row of chunk edge e
+    const int j = s_j[e];
+    const unsigned jr = (unsigned)(j - src_lo);
+    return jr < (unsigned)n_staged ? s_v + (int64_t)jr * HF
+                                   : a.v + (int64_t)j * HF;
+  };
+  auto get_p = [&](int e, int h) -> float { return s_p[h * C + e]; };
+
+  const int slots = HF / VW;
   const int group = a.v_group;
   const int ls = lane % group, sub = lane / group;
-  auto get_j = [&](int e) -> int64_t { return (int64_t)s_col[e]; };
-  auto get_p = [&](int e, int h) -> float { return s_score[h * cap + e]; };
-  for (int r = warp; r < nrows; r += kWarps) {
-    const int elo = (int)s_rowptr[r], ehi = (int)s_rowptr[r + 1];
+  // <= 8 lanes per (edge, head) item: 4+ items of a chunk in flight, each
+  // group reading 128 contiguous bytes of a K row (no bank conflicts)
+  const int G = KIND == kAdd ? 1 : min(a.qk_group, 8), ng = kWarpSize / G;
+  const int g = lane / G, lg = lane % G;
+
+  for (;;) {
+    int r = 0;
+    if (lane == 0) r = atomicAdd(s_next, 1);
+    r = __shfl_sync(kFullMask, r, 0);
+    const int64_t row = r_begin + r;
+    if (row >= r_end) break;
+    const int64_t elo = a.rowptr[row], ehi = a.rowptr[row + 1];
+    for (int i = lane; i < HD_q; i += kWarpSize)
+      s_q[i] = to_float(a.q[row * HD_q + i]);
+
+    // Feature passes of group * SLOTS vectors (one pass unless H*F is
+    // large); each pass recomputes the (cheap, smem-resident) scores.
     for (int c0 = 0; c0 < slots; c0 += group * SLOTS) {
       float acc[SLOTS][VW];
       int hs[SLOTS];
 #pragma unroll
       for (int s = 0; s < SLOTS; ++s) {
-        hs[s] = min(H - 1, (c0 + ls + s * group) * VW / F);
+        hs[s] = min(H - 1, (c0 + ls + s * group) * VW / a.F);
 #pragma unroll
         for (int i = 0; i < VW; ++i) acc[s][i] = 0.f;
       }
-      if (stage_v) {
-        auto get_j_staged = [&](int e) -> int64_t {
-          return (int64_t)s_col[e] - src_lo;
-        };
-        spmm_accumulate<T, VW, SLOTS>(acc, s_stage, HF, slots, c0, group, ls,
-                                      sub, elo, ehi, hs, get_j_staged, get_p);
-      } else {
-        spmm_accumulate<T, VW, SLOTS>(acc, a.v, HF, slots, c0, group, ls, sub,
-                                      elo, ehi, hs, get_j, get_p);
+      __syncwarp();  // the previous pass has read s_l
+      for (int h = lane; h < H; h += kWarpSize) s_m[h] = -INFINITY, s_l[h] = 0.f;
+
+      for (int64_t cb = elo; cb < ehi; cb += C) {
+        const int n = (int)(ehi - cb < C ? ehi - cb : C);
+        __syncwarp();
+        if (lane < n) s_j[lane] = a.col[cb + lane];
+        __syncwarp();
+        // SDDMM over the chunk's (edge, head) items
+        const int n_items = n * H;
+        if constexpr (KIND == kAdd) {
+          for (int it = lane; it < n_items; it += kWarpSize) {
+            const int e = it / H, h = it - e * H;
+            const float x = s_q[h] + to_float(*k_row(s_j[e], h));
+            s_p[h * C + e] = leaky_relu(x, a.slope);
+          }
+        } else {
+          for (int it0 = 0; it0 < n_items; it0 += 2 * ng) {
+            float part[2];
+            int item[2];
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+              item[u] = it0 + u * ng + g;
+              part[u] = 0.f;
+              if (item[u] < n_items) {
+                const int e = item[u] / H, h = item[u] - e * H;
+                part[u] = score_part<KIND, T, VW>(
+                    s_q + h * D, k_row(s_j[e], h), s_att + h * D, D, lg * VW,
+                    G * VW, a.slope);
+              }
+            }
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+              const float sc = group_sum(part[u], G);
+              if (lg == 0 && item[u] < n_items) {
+                const int e = item[u] / H, h = item[u] - e * H;
+                s_p[h * C + e] = KIND == kDot ? sc * a.scale : sc;
+              }
+            }
+          }
+        }
+        __syncwarp();
+        // online softmax: lanes over the chunk's edges, one head at a time
+        for (int h = 0; h < H; ++h) {
+          const float sc = lane < n ? s_p[h * C + lane] : -INFINITY;
+          const float m_old = s_m[h];
+          const float m_new = fmaxf(m_old, warp_max(sc));
+          const float p = lane < n ? expf(sc - m_new) : 0.f;
+          if (lane < n) s_p[h * C + lane] = p;
+          const float sum = warp_sum(p);
+          __syncwarp();
+          if (lane == 0) {
+            const float corr = expf(m_old - m_new);  // 0 on the first chunk
+            s_l[h] = s_l[h] * corr + sum;
+            s_m[h] = m_new;
+            s_c[h] = corr;
+          }
+        }
+        __syncwarp();
+        // SpMM: rescale the partial sums, add this chunk
+#pragma unroll
+        for (int s = 0; s < SLOTS; ++s) {
+          const float corr = s_c[hs[s]];
+#pragma unroll
+          for (int i = 0; i < VW; ++i) acc[s][i] *= corr;
+        }
+        spmm_accumulate<T, VW, SLOTS>(acc, slots, c0, group, ls, sub, 0, n, hs,
+                                      v_row, get_p);
       }
       reduce_edge_groups<VW, SLOTS>(acc, group);
+      __syncwarp();
       if (sub == 0) {
 #pragma unroll
         for (int s = 0; s < SLOTS; ++s) {
           const int sl = c0 + ls + s * group;
           if (sl < slots) {
-            const float inv = s_inv[r * H + hs[s]];
+            const float inv = 1.f / (s_l[hs[s]] + 1e-16f);
 #pragma unroll
             for (int i = 0; i < VW; ++i) acc[s][i] *= inv;
-            store_vec<T, VW>(a.out + (row0 + r) * HF + (int64_t)sl * VW,
-                             acc[s]);
+            store_vec<T, VW>(a.out + row * HF + (int64_t)sl * VW, acc[s]);
           }
         }
       }
     }
-  }
-  __syncthreads();  // smem is reused by the next window
+    for (int h = lane; h < H; h += kWarpSize)
+      a.lse[row * H + h] =
+          ehi > elo ? s_m[h] + logf(s_l[h] + 1e-16f) : -INFINITY;
+    __syncwarp();  // the next row overwrites this warp's scratch
   }
 }
 
@@ -550,7 +571,7 @@ __global__ void __launch_bounds__(kThreads)
   const int slots = (int)(HF / VW);
   const int group = a.v_group;
   const int ls = lane % group, sub = lane / group;
-  auto get_j = [&](int e) -> int64_t { return s_j[e]; };
+  auto v_row = [&](int e) -> const T* { return a.v + s_j[e] * HF; };
   auto get_p = [&](int e, int h) -> float { return s_p[h * kTileEdges + e]; };
   for (int c0 = 0; c0 < slots; c0 += group * SLOTS) {
     float acc[SLOTS][VW];
@@ -570,8 +591,8 @@ __global__ void __launch_bounds__(kThreads)
       }
       if (lane < tn) s_j[lane] = (int64_t)a.col[es + t0 + lane];
       __syncwarp();
-      spmm_accumulate<T, VW, SLOTS>(acc, a.v, HF, slots, c0, group, ls, sub, 0,
-                                    tn, hs, get_j, get_p);
+      spmm_accumulate<T, VW, SLOTS>(acc, slots, c0, group, ls, sub, 0, tn, hs,
+                                    v_row, get_p);
     }
     reduce_edge_groups<VW, SLOTS>(acc, group);
     if (sub == 0) {
@@ -651,11 +672,11 @@ __global__ void __launch_bounds__(kThreads)
 // they compile in parallel) dispatch index type / VEC / KIND.
 struct Launch {
   at::Tensor rowptr, col, query, key, value, att, out, lse;
+  at::Tensor windows;  // SMMF: int64 [W + 1] row windows (undefined: plain)
   int64_t kind, n_dst, n_edges, max_in_degree;
   int64_t H, D, F;
-  int qk_group, v_group, rows, device_optin;
-  int64_t windows_per_block;  // SMMF: row windows per block (1 = one each)
-  int64_t stage_bytes;        // SMMF: smem for a window's K / V rows (0: off)
+  int qk_group, v_group, device_optin;
+  int64_t stage_span;  // SMMF: source rows staged per window (0: none)
   bool vec;
   double scale, negative_slope;
 };
@@ -685,28 +706,39 @@ FwdArgs<scalar_t, index_t> make_args(const Launch& L) {
   return a;
 }
 
+// Shared memory of an SMMF launch (host side of smmf_layout).
+inline SmmfLayout smmf_launch_layout(const Launch& L, int64_t span,
+                                     int warps) {
+  const int HD = (int)(L.H * L.D);
+  const int HD_k = L.kind == kAdd ? (int)L.H : HD;
+  return smmf_layout((int)span, (int)L.H, HD_k, (int)(L.H * L.F), HD_k,
+                     L.kind == kGatv2 ? HD : 0, warps,
+                     L.value.element_size());
+}
+
 // SMMF (int32 col only: the host routes int64-indexed graphs to PMF).
 template <typename scalar_t>
 void run_smmf(const Launch& L) {
   using index_t = int32_t;
   TORCH_CHECK(L.col.scalar_type() == at::kInt,
               "fused_attention_fwd: SMMF needs int32 'col'");
-  const int HD_q = L.kind == kAdd ? (int)L.H : (int)(L.H * L.D);
-  const int HD_att = L.kind == kGatv2 ? (int)(L.H * L.D) : 0;
-  const int64_t cap = L.rows * L.max_in_degree;
-  const size_t bytes = smmf_layout(L.rows, cap, (int)L.H, HD_q, HD_att,
-                                   sizeof(index_t), L.stage_bytes).total;
-  const int64_t n_windows = (L.n_dst + L.rows - 1) / L.rows;
-  const int wpb = (int)std::max<int64_t>(1, L.windows_per_block);
-  const int64_t blocks = (n_windows + wpb - 1) / wpb;
+  const bool windowed = L.windows.defined();
+  const int warps = windowed ? kSmmfStagedWarps : kSmmfPlainWarps;
+  const int64_t span = windowed ? L.stage_span : 0;
+  const size_t bytes = smmf_launch_layout(L, span, warps).total;
+  const int64_t blocks = windowed
+                             ? L.windows.numel() - 1
+                             : (L.n_dst + kSmmfPlainRows - 1) / kSmmfPlainRows;
+  if (blocks <= 0) return;
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   PYG_DFGNN_DISPATCH_BOOL(L.vec, VEC, [&] {
     const auto a = make_args<scalar_t, index_t, VEC>(L);
     PYG_DFGNN_DISPATCH_KIND(L.kind, [&] {
-      auto kernel = smmf_fwd_kernel<scalar_t, index_t, KIND, VEC>;
+      auto kernel = smmf_fwd_kernel<scalar_t, KIND, VEC>;
       allow_smem(kernel, bytes);
-      kernel<<<(unsigned)blocks, kThreads, bytes, stream>>>(
-          a, L.rows, (int)cap, wpb, (int)L.stage_bytes);
+      kernel<<<(unsigned)blocks, warps * kWarpSize, bytes, stream>>>(
+          a, windowed ? L.windows.data_ptr<int64_t>() : nullptr,
+          kSmmfPlainRows, (int)span);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });

@@ -11,10 +11,11 @@ std::tuple<at::Tensor, at::Tensor> fwd(
     const at::Tensor& rowptr, const at::Tensor& col, int64_t kind,
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
     const c10::optional<at::Tensor>& att, double scale, double negative_slope,
-    int64_t strategy, int64_t max_in_degree) {
+    int64_t strategy, int64_t max_in_degree,
+    const c10::optional<at::Tensor>& windows, int64_t stage_nodes) {
   return fused_attention_fwd_cuda(rowptr, col, kind, query, key, value, att,
                                   scale, negative_slope, strategy,
-                                  max_in_degree);
+                                  max_in_degree, windows, stage_nodes);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd(
@@ -38,8 +39,8 @@ TORCH_LIBRARY(pyg_dfgnn, m) {
   m.def(
       "fused_attention_fwd(Tensor rowptr, Tensor col, int kind, Tensor query, "
       "Tensor key, Tensor value, Tensor? att, float scale, "
-      "float negative_slope, int strategy, int max_in_degree=-1) "
-      "-> (Tensor, Tensor)");
+      "float negative_slope, int strategy, int max_in_degree=-1, "
+      "Tensor? windows=None, int stage_nodes=0) -> (Tensor, Tensor)");
   m.def(
       "fused_attention_bwd(Tensor grad_out, Tensor rowptr, Tensor col, "
       "Tensor colptr, Tensor csc_row, int kind, Tensor query, Tensor key, "

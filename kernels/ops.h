@@ -15,9 +15,12 @@
 //   lse     float32 [N_dst, H]: row max + log(row sum + 1e-16); the only thing
 //           the forward saves for the backward (p_ij = exp(s_ij - lse_i)).
 //           Rows without edges: lse = -inf (and out = 0).
-//   max_in_degree  (added to the forward by the kernel owner) the longest CSR
-//           row, known on the host from DFGraph; sizes SMMF's shared memory
-//           without a device sync. -1 = unknown (computed, one sync).
+//   max_in_degree  the longest CSR row, known on the host from DFGraph
+//           (-1 = unknown: computed, one sync). Unused by SMMF now.
+//   windows int64 [W + 1] (optional) SMMF row windows whose sources are
+//           contiguous (DFGraph.row_windows); stage_nodes: the most sources
+//           one window reads. SMMF stages them in shared memory (as many as
+//           fit); without windows it takes fixed windows of 16 rows.
 #pragma once
 #include <ATen/ATen.h>
 #include <tuple>
@@ -29,7 +32,8 @@ std::tuple<at::Tensor, at::Tensor> fused_attention_fwd_cuda(
     const at::Tensor& rowptr, const at::Tensor& col, int64_t kind,
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
     const c10::optional<at::Tensor>& att, double scale, double negative_slope,
-    int64_t strategy, int64_t max_in_degree);
+    int64_t strategy, int64_t max_in_degree,
+    const c10::optional<at::Tensor>& windows, int64_t stage_nodes);
 
 // -> (grad_query, grad_key, grad_value, grad_att (undefined unless gatv2))
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>

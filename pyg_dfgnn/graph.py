@@ -208,6 +208,7 @@ class DFGraph:
     one per ``edge_index`` tensor). A graph remembers the tensor it was built
     from; :meth:`check_fresh` raises if that tensor was modified in place.
     """
+    max_window_rows = 256  # rows of one SMMF window (see row_windows)
 
     def __init__(self, rowptr: Tensor, col: Tensor, num_src: int,
                  perm: Optional[Tensor] = None,
@@ -222,6 +223,7 @@ class DFGraph:
         self.max_in_degree = int(max_in_degree)
         self._csc: Optional[Tuple[Tensor, Tensor, Tensor]] = None
         self._row: Optional[Tensor] = None
+        self._windows: dict = {}  # (max_nodes, pack_rows) -> row_windows()
         self._source: Optional[Tuple] = None  # (weakref, fingerprint)
 
     # ------------------------------------------------------------------ build
@@ -307,6 +309,86 @@ class DFGraph:
                              csc_perm.to(self.col.dtype))
         return self._csc
 
+    def row_windows(self, max_nodes: int,
+                    pack_rows: int = 64) -> Tuple[Optional[Tensor], int]:
+        """Row windows whose sources are few and contiguous, for SMMF's
+        shared-memory staging of K / V: ``(windows, span)`` with ``windows``
+        int64 [W + 1] row boundaries and ``span`` the most source nodes one
+        window reads, or ``(None, 0)`` when the graph has no such structure.
+
+        Rows are cut where no edge crosses the cut (``max(col)`` of all rows
+        before it ``<`` ``min(col)`` of all rows after it): the boundaries
+        between the small graphs of a batch, found without a ``batch``
+        vector. Graphs shorter than ``pack_rows`` rows are packed together
+        (a window opens at the first graph that starts in each bucket of
+        ``pack_rows`` rows). Windowed only if every window reads at most
+        ``max_nodes`` sources. Cached per graph; one host sync when built.
+        """
+        key = (int(max_nodes), int(pack_rows))
+        if key not in self._windows:
+            with torch.inference_mode(False):
+                self._windows[key] = self._build_row_windows(*key)
+        return self._windows[key]
+
+    def _build_row_windows(self, max_nodes: int,
+                           pack_rows: int) -> Tuple[Optional[Tensor], int]:
+        n = self.num_dst
+        if self.num_edges == 0 or n < 2 or max_nodes < 1:
+            return None, 0
+        dev, col = self.device, self.col.to(torch.int64)
+        row_min = torch.full((n, ), self.num_src, dtype=torch.int64,
+                             device=dev).scatter_reduce_(0, self.row, col,
+                                                         'amin')
+        row_max = torch.full((n, ), -1, dtype=torch.int64,
+                             device=dev).scatter_reduce_(0, self.row, col,
+                                                         'amax')
+        before_max = row_max.cummax(0).values
+        after_min = row_min.flip(0).cummin(0).values.flip(0)
+        cut = torch.ones(n, dtype=torch.bool, device=dev)
+        cut[1:] = before_max[:-1] < after_min[1:]
+        starts = cut.nonzero().view(-1)  # host sync (once per graph)
+        if starts.numel() < 2:
+            return None, 0
+
+        def spans(bounds: Tensor) -> Tensor:
+            seg = torch.bucketize(torch.arange(n, device=dev), bounds[1:],
+                                  right=True)
+            k = bounds.numel() - 1
+            lo = torch.full((k, ), self.num_src, dtype=torch.int64,
+                            device=dev).scatter_reduce_(0, seg, row_min,
+                                                        'amin')
+            hi = torch.full((k, ), -1, dtype=torch.int64,
+                            device=dev).scatter_reduce_(0, seg, row_max,
+                                                        'amax')
+            return (hi - lo + 1).clamp_min(0)
+
+        def split_long(bounds: Tensor) -> Tensor:
+            # Windows of more than max_rows rows (few sources, many
+            # destinations) are split so that one block does not serialise.
+            length = bounds.diff()
+            chunks = (length + self.max_window_rows - 1).div(
+                self.max_window_rows, rounding_mode='floor').clamp_min(1)
+            if int(chunks.max()) == 1:
+                return bounds
+            first = torch.repeat_interleave(bounds[:-1], chunks)
+            offset = torch.arange(first.numel(), device=dev) - \
+                torch.repeat_interleave(chunks.cumsum(0) - chunks, chunks)
+            return torch.cat([first + offset * self.max_window_rows,
+                              bounds[-1:]])
+
+        end = torch.tensor([n], device=dev)
+        bounds = torch.cat([starts, end])
+        if pack_rows > 1:
+            bucket = starts // pack_rows
+            keep = torch.ones_like(starts, dtype=torch.bool)
+            keep[1:] = bucket[1:] != bucket[:-1]
+            packed = torch.cat([starts[keep], end])
+            span = int(spans(packed).max())
+            if span <= max_nodes:
+                return split_long(packed), span
+        span = int(spans(bounds).max())
+        return (split_long(bounds), span) if span <= max_nodes else (None, 0)
+
     def strategy(self, num_heads: int = 1) -> str:
         """SMMF or PMF for this graph and head count."""
         return choose_strategy(self.max_in_degree, num_heads)
@@ -353,6 +435,7 @@ class DFGraph:
         out._csc = None if self._csc is None else tuple(
             t.to(device) for t in self._csc)
         out._row = None if self._row is None else self._row.to(device)
+        out._windows = {}
         return out
 
     def cuda(self) -> 'DFGraph':

@@ -2,10 +2,13 @@
 
     python scripts/fwd_bench.py [--graphs pattern-like,...] [--dtype fp32]
 
-Times the raw forward op (torch.ops.pyg_dfgnn.fused_attention_fwd) and the
-op's fwd+bwd through autograd, 'dot' kind, Q pre-scaled, for H x F = 1x128
-and 4x32; prints one table row per (graph, shape, strategy) and the DF-GNN
-anchor of shared/anchors.md. Feeds benchmarks/NOTES.md.
+Times the raw forward op (torch.ops.pyg_dfgnn.fused_attention_fwd), the
+forward + backward ops called directly (as DF-GNN's kernels are timed) and
+the user-facing op's fwd+bwd through autograd; 'dot' kind, Q pre-scaled,
+H x F = 1x128 and 4x32. Variants: SMMF with graph-aligned staged windows
+(`smmf`), SMMF without (`smmf-plain`), PMF. Prints one row per (graph,
+shape, variant) with the DF-GNN anchor of shared/anchors.md. Feeds
+benchmarks/NOTES.md.
 """
 import argparse
 import json
@@ -46,9 +49,6 @@ def main(argv=None):
                    'cluster-like,pattern-like')
     p.add_argument('--dtype', default='fp32')
     p.add_argument('--out', default=None)
-    p.add_argument('--sweep', default='8:1,16:1,32:1,16:1:64',
-                   help='SMMF rows:windows_per_block[:stage_KB] variants '
-                   'timed (fwd only) besides the default; "" for none')
     args = p.parse_args(argv)
     from pyg_dfgnn.ops import cuda
     assert cuda.available()
@@ -61,83 +61,66 @@ def main(argv=None):
     rows, records = [], []
     for name in args.graphs.split(','):
         graph, _, n = make_dfgraph(name, dev)
-        graph.csc()
+        colptr, csc_row, _ = graph.csc()
         for shape, (h, f) in (('1x128', (1, 128)), ('4x32', (4, 32))):
             g = torch.Generator(device=dev).manual_seed(0)
             q, k, v = (torch.randn(n, h, f, device=dev, generator=g,
                                    dtype=dtype) for _ in range(3))
             q = q / f**0.5
             auto = graph.strategy(h)
-            for strat in ('smmf', 'pmf') if auto == 'smmf' else ('pmf', ):
-                sid = 0 if strat == 'smmf' else 1
-
+            windows, span = graph.row_windows(
+                cuda._stage_capacity('dot', q, v))
+            variants = [('smmf', 0, windows, span), ('smmf-plain', 0, None, 0),
+                        ('pmf', 1, None, 0)]
+            if auto != 'smmf':
+                variants = variants[2:]
+            for strat, sid, win, stage in variants:
                 def fwd():
                     return torch.ops.pyg_dfgnn.fused_attention_fwd(
                         graph.rowptr, graph.col, 0, q, k, v, None, 1.0, 0.2,
-                        sid, graph.max_in_degree)
+                        sid, graph.max_in_degree, win, stage)
 
                 t_fwd = timer(fwd)
-                qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
                 go = torch.randn_like(v[:graph.num_dst])
 
-                def fwd_bwd():
-                    out = cuda.fused_attention_cuda(graph, 'dot', vv, qq, kk,
-                                                    None, 1.0, 0.2,
-                                                    strategy=strat)
-                    torch.autograd.grad(out, (qq, kk, vv), go)
+                def ops_fwd_bwd():  # the two ops, no autograd (as DF-GNN's)
+                    out, lse = fwd()
+                    torch.ops.pyg_dfgnn.fused_attention_bwd(
+                        go, graph.rowptr, graph.col, colptr, csc_row, 0, q, k,
+                        v, None, out, lse, 1.0, 0.2)
 
-                try:
+                t_ops = timer(ops_fwd_bwd)
+                t_fb = float('nan')
+                if strat != 'smmf-plain':
+                    qq, kk, vv = (t.detach().requires_grad_()
+                                  for t in (q, k, v))
+
+                    def fwd_bwd():  # the user-facing op through autograd
+                        out = cuda.fused_attention_cuda(
+                            graph, 'dot', vv, qq, kk, None, 1.0, 0.2,
+                            strategy=strat)
+                        torch.autograd.grad(out, (qq, kk, vv), go)
+
                     t_fb = timer(fwd_bwd)
-                except RuntimeError as e:  # backward stub / failure
-                    print('fwd+bwd failed:', str(e)[:120])
-                    t_fb = float('nan')
                 a_fwd, a_fb = DFGNN[fam].get((name, shape), (None, None))
+                is_auto = strat == auto
                 rec = dict(graph=name, shape=shape, strategy=strat,
-                           auto=strat == auto, dtype=args.dtype,
-                           fwd_ms=t_fwd, fwd_bwd_ms=t_fb, dfgnn_fwd_ms=a_fwd,
-                           dfgnn_fwd_bwd_ms=a_fb, edges=graph.num_edges,
+                           auto=is_auto, dtype=args.dtype, fwd_ms=t_fwd,
+                           ops_fwd_bwd_ms=t_ops, fwd_bwd_ms=t_fb,
+                           dfgnn_fwd_ms=a_fwd, dfgnn_fwd_bwd_ms=a_fb,
+                           edges=graph.num_edges, stage_span=stage,
+                           windows=0 if win is None else win.numel() - 1,
                            max_in_degree=graph.max_in_degree)
                 records.append(rec)
+                nan = float('nan')
                 rows.append(
-                    f'{name:13s} {shape:6s} {strat:4s}{"*" if rec["auto"] else " "} '
-                    f'fwd {t_fwd:8.4f} ms  (DF-GNN {a_fwd or float("nan"):6.3f}, '
-                    f'x{(a_fwd or float("nan")) / t_fwd:5.2f})  fwd+bwd '
-                    f'{t_fb:8.4f} ms (DF-GNN {a_fb or float("nan"):6.3f})')
+                    f'{name:13s} {shape:6s} {strat:10s}{"*" if is_auto else " "}'
+                    f' fwd {t_fwd:7.4f} (DF-GNN {a_fwd or nan:6.3f}, '
+                    f'x{(a_fwd or nan) / t_fwd:5.2f})  fwd+bwd ops '
+                    f'{t_ops:7.4f} autograd {t_fb:7.4f} (DF-GNN '
+                    f'{a_fb or nan:6.3f}, x{(a_fb or nan) / t_ops:5.2f})')
         del graph
         torch.cuda.empty_cache()
-    sweep = [tuple(int(x) for x in v.split(':'))
-             for v in args.sweep.split(',') if v]
-    if sweep:
-        srows = []
-        for name in args.graphs.split(','):
-            if name.startswith('reddit'):  # PMF graph: no SMMF sweep
-                continue
-            graph, _, n = make_dfgraph(name, dev)
-            for shape, (h, f) in (('1x128', (1, 128)), ('4x32', (4, 32))):
-                g = torch.Generator(device=dev).manual_seed(0)
-                q, k, v = (torch.randn(n, h, f, device=dev, generator=g,
-                                       dtype=dtype) for _ in range(3))
-                line = f'{name:13s} {shape:6s}'
-                for r, w, *kb in sweep:
-                    os.environ['PYG_DFGNN_SMMF_ROWS'] = str(r)
-                    os.environ['PYG_DFGNN_SMMF_WPB'] = str(w)
-                    os.environ['PYG_DFGNN_SMMF_STAGE_KB'] = str(
-                        kb[0] if kb else 0)
-                    t = timer(lambda: torch.ops.pyg_dfgnn.fused_attention_fwd(
-                        graph.rowptr, graph.col, 0, q, k, v, None, 1.0, 0.2,
-                        0, graph.max_in_degree))
-                    records.append(dict(graph=name, shape=shape,
-                                        strategy=f'smmf r{r} w{w} s{kb}',
-                                        dtype=args.dtype, fwd_ms=t))
-                    line += f' {t:8.4f}'
-                srows.append(line)
-                for var in ('ROWS', 'WPB', 'STAGE_KB'):
-                    os.environ.pop(f'PYG_DFGNN_SMMF_{var}')
-            del graph
-        print('\n== SMMF fwd ms by rows:windows_per_block[:stage_KB] '
-              + ' '.join(':'.join(map(str, v)) for v in sweep))
-        for line in srows:
-            print(line)
     print(f'\n== forward strategies, {torch.cuda.get_device_name()} '
           f'({args.dtype}; * = auto pick; x = DF-GNN / ours)')
     for r in rows:

@@ -311,3 +311,64 @@ def test_inference_mode_inputs():
         graph.check_fresh()
         assert not graph.is_built_from(ei)
         check_invariants(graph, ei, 3, 3)
+
+
+def _batch_edge_index(sizes, deg, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    parts, off = [], 0
+    for n in sizes:
+        e = n * deg
+        src = torch.randint(0, n, (e, ), generator=g) + off
+        dst = torch.randint(0, n, (e, ), generator=g) + off
+        parts.append(torch.stack([src, dst]))
+        off += n
+    return torch.cat(parts, 1), off
+
+
+def _check_windows(graph, windows, span):
+    assert windows[0] == 0 and windows[-1] == graph.num_dst
+    assert bool((windows.diff() > 0).all())
+    assert int(windows.diff().max()) <= DFGraph.max_window_rows
+    for a, b in zip(windows[:-1].tolist(), windows[1:].tolist()):
+        cols = graph.col[graph.rowptr[a]:graph.rowptr[b]].long()
+        if cols.numel():
+            assert int(cols.max() - cols.min()) + 1 <= span
+
+
+def test_row_windows_follow_the_graphs_of_a_batch():
+    sizes = [30, 5, 7, 40, 12, 3, 64, 20]
+    ei, n = _batch_edge_index(sizes, 4)
+    graph = DFGraph.from_edge_index(ei, num_nodes=n)
+    bounds = set(torch.tensor([0] + sizes).cumsum(0).tolist())
+    # no packing: one window per graph (isolated rows may cut further)
+    windows, span = graph.row_windows(1000, pack_rows=1)
+    _check_windows(graph, windows, span)
+    assert span <= max(sizes)
+    assert bounds <= set(windows.tolist())  # every graph boundary cuts
+    # packed: windows are unions of whole graphs, opened once per 64 rows
+    windows, span = graph.row_windows(1000, pack_rows=64)
+    _check_windows(graph, windows, span)
+    assert set(windows.tolist()) <= bounds | set(
+        graph.rowptr.diff().eq(0).nonzero().view(-1).tolist())
+    assert windows.numel() - 1 < len(sizes)
+    # too few sources allowed per window: no windows at all
+    assert graph.row_windows(10) == (None, 0)
+
+
+def test_row_windows_none_without_structure_and_split_long_windows():
+    g = torch.Generator().manual_seed(1)
+    ei = torch.randint(0, 300, (2, 3000), generator=g)
+    graph = DFGraph.from_edge_index(ei, num_nodes=300)
+    assert graph.row_windows(10_000) == (None, 0)
+    empty = DFGraph.from_edge_index(torch.empty(2, 0, dtype=torch.long),
+                                    num_nodes=5)
+    assert empty.row_windows(100) == (None, 0)
+    # two blocks of 1000 destinations reading 4 sources each: windows are
+    # split at max_window_rows so that no block serialises 1000 rows
+    dst = torch.arange(2000)
+    src = torch.where(dst < 1000, dst % 4, 1000 + dst % 4)
+    graph = DFGraph.from_edge_index(torch.stack([src, dst]), num_nodes=2000)
+    windows, span = graph.row_windows(100)
+    _check_windows(graph, windows, span)
+    assert span == 4 and 1000 in windows.tolist()
+    assert windows.numel() - 1 == 2 * -(-1000 // DFGraph.max_window_rows)
