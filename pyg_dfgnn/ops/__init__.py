@@ -35,6 +35,10 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 def _check_tensor(name: str, t: Tensor, shape: Tuple, dtype: torch.dtype,
                   device: torch.device) -> None:
+    # The common case in one expression (this runs on every call).
+    if isinstance(t, Tensor) and t.shape == shape and t.dtype == dtype and \
+            t.device == device:
+        return
     if not isinstance(t, Tensor):
         raise TypeError(f"'{name}' must be a Tensor (got {type(t).__name__})")
     if t.device != device:
@@ -103,6 +107,17 @@ def check_inputs(graph: DFGraph, kind: str, value: Tensor, query: Tensor,
 
 
 _noted = False
+_cuda_path = None
+
+
+def _cuda_module():
+    """:mod:`pyg_dfgnn.ops.cuda`, imported on first use (an import statement
+    in the hot path costs a microsecond per call)."""
+    global _cuda_path
+    if _cuda_path is None:
+        from pyg_dfgnn.ops import cuda
+        _cuda_path = cuda
+    return _cuda_path
 
 
 def _note_reference_path() -> None:
@@ -163,7 +178,7 @@ def fused_attention(
     plain = (edge_score is None and edge_key is None and edge_value is None
              and drop == 0.0 and not return_attention)
     if plain and value.is_cuda:
-        from pyg_dfgnn.ops import cuda as _cuda
+        _cuda = _cuda_module()
         if _cuda.available():
             return _cuda.fused_attention_cuda(graph, kind, value, query, key,
                                               att, scale, negative_slope)

@@ -1,12 +1,14 @@
 """CUDA path of the fused op (kernels in ``kernels/``).
 
 The C++ library registers ``torch.ops.pyg_dfgnn.fused_attention_fwd`` /
-``fused_attention_bwd`` (CUDA only). Here they are wrapped in one
-:func:`torch.library.custom_op`, ``pyg_dfgnn::fused_attention``, with a fake
-(meta) implementation and an autograd formula, so that ``torch.compile``
-traces calls without graph breaks and the backward runs the fused backward
-kernels. Only ``out`` and the row log-sum-exp ``lse`` [N_dst, H] are saved for
-the backward; nothing of size E * F.
+``fused_attention_bwd`` (CUDA kernels) and the differentiable
+``pyg_dfgnn::fused_attention`` (``kernels/autograd.cpp``: its autograd runs in
+C++, torchvision's pattern, because a Python ``custom_op`` with
+``register_autograd`` costs more host time per call than the kernels of a
+small graph take). Here the three get their fake (meta) impls, so that
+``torch.compile`` traces calls without graph breaks. Only ``out`` and the row
+log-sum-exp ``lse`` [N_dst, H] are saved for the backward; nothing of size
+E * F.
 """
 from typing import Optional, Tuple
 
@@ -19,10 +21,13 @@ from pyg_dfgnn.ops._loader import load_kernels
 KIND_IDS = {'dot': 0, 'add': 1, 'gatv2': 2}
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _registered = False
+_op = None  # torch.ops.pyg_dfgnn.fused_attention.default, set by _register()
 
 
 def available() -> bool:
     """True when the CUDA kernels are built and loaded (and registered)."""
+    if _registered:
+        return True
     if not load_kernels():
         return False
     _register()
@@ -30,7 +35,8 @@ def available() -> bool:
 
 
 def _fwd_fake(rowptr, col, kind, query, key, value, att, scale,
-              negative_slope, strategy, max_in_degree=-1):
+              negative_slope, strategy, max_in_degree=-1, windows=None,
+              stage_nodes=0):
     n_dst = rowptr.shape[0] - 1
     out = value.new_empty((n_dst, value.shape[1], value.shape[2]))
     lse = value.new_empty((n_dst, value.shape[1]), dtype=torch.float32)
@@ -45,70 +51,92 @@ def _bwd_fake(grad_out, rowptr, col, colptr, csc_row, kind, query, key, value,
             torch.empty_like(value), grad_att)
 
 
+def _fused_fake(rowptr, col, colptr, csc_row, kind, query, key, value, att,
+                scale, negative_slope, strategy, max_in_degree, windows,
+                stage_nodes):
+    return _fwd_fake(rowptr, col, kind, query, key, value, att, scale,
+                     negative_slope, strategy, max_in_degree)
+
+
 def _register() -> None:
-    """Fake impls of the C++ ops + the differentiable custom op (once)."""
-    global _registered, fused_attention_op
+    """Fake impls of the C++ ops (once)."""
+    global _registered, _op
     if _registered:
         return
     torch.library.register_fake('pyg_dfgnn::fused_attention_fwd')(_fwd_fake)
     torch.library.register_fake('pyg_dfgnn::fused_attention_bwd')(_bwd_fake)
-
-    @torch.library.custom_op('pyg_dfgnn::fused_attention', mutates_args=())
-    def fused_attention_op(rowptr: Tensor, col: Tensor,
-                           colptr: Optional[Tensor],
-                           csc_row: Optional[Tensor], kind: int,
-                           query: Tensor, key: Tensor, value: Tensor,
-                           att: Optional[Tensor], scale: float,
-                           negative_slope: float, strategy: int,
-                           max_in_degree: int) -> Tuple[Tensor, Tensor]:
-        return torch.ops.pyg_dfgnn.fused_attention_fwd(
-            rowptr, col, kind, query, key, value, att, scale, negative_slope,
-            strategy, max_in_degree)
-
-    @fused_attention_op.register_fake
-    def _(rowptr, col, colptr, csc_row, kind, query, key, value, att, scale,
-          negative_slope, strategy, max_in_degree):
-        return _fwd_fake(rowptr, col, kind, query, key, value, att, scale,
-                         negative_slope, strategy, max_in_degree)
-
-    def setup_context(ctx, inputs, output):
-        (rowptr, col, colptr, csc_row, kind, query, key, value, att, scale,
-         negative_slope, _, _) = inputs
-        out, lse = output
-        ctx.save_for_backward(rowptr, col, colptr, csc_row, query, key, value,
-                              att, out, lse)
-        ctx.kind, ctx.scale, ctx.negative_slope = kind, scale, negative_slope
-        ctx.has_att = att is not None
-        ctx.mark_non_differentiable(lse)
-
-    def backward(ctx, grad_out, grad_lse):
-        (rowptr, col, colptr, csc_row, query, key, value, att, out,
-         lse) = ctx.saved_tensors
-        if colptr is None or csc_row is None:
-            raise RuntimeError(
-                "pyg_dfgnn: the fused op was called without gradients "
-                "enabled, so no CSC was built for its backward")
-        gq, gk, gv, ga = torch.ops.pyg_dfgnn.fused_attention_bwd(
-            grad_out.contiguous(), rowptr, col, colptr, csc_row, ctx.kind,
-            query, key, value, att, out, lse, ctx.scale, ctx.negative_slope)
-        return (None, None, None, None, None, gq, gk, gv,
-                ga if ctx.has_att else None, None, None, None, None)
-
-    fused_attention_op.register_autograd(backward,
-                                         setup_context=setup_context)
-    globals()['fused_attention_op'] = fused_attention_op
+    torch.library.register_fake('pyg_dfgnn::fused_attention')(_fused_fake)
+    _op = torch.ops.pyg_dfgnn.fused_attention.default
     _registered = True
 
 
-def _check_cuda_inputs(kind: str, value: Tensor, query: Tensor, key: Tensor,
+def _check_cuda_inputs(value: Tensor, query: Tensor, key: Tensor,
                        att: Optional[Tensor]) -> None:
-    if value.dtype not in _KERNEL_DTYPES + (torch.float64, ):
+    if value.dtype not in _KERNEL_DTYPES and value.dtype != torch.float64:
         raise TypeError(f"The CUDA kernels take float32, float16 or bfloat16 "
                         f"(got 'value' of dtype {value.dtype})")
+    if value.is_cuda and query.is_cuda and key.is_cuda and (
+            att is None or att.is_cuda):
+        return
     for name, t in (('value', value), ('query', query), ('key', key),
                     ('att', att)):
         if t is not None and not t.is_cuda:
             raise ValueError(f"'{name}' must be a CUDA tensor")
+
+
+_SMEM_OPTIN = {}
+
+
+def _stage_capacity(kind: str, query: Tensor, value: Tensor) -> int:
+    """Source nodes whose K and V rows fit one SMMF block's shared memory
+    beside its per-warp scratch (the kernel clamps to the exact layout)."""
+    dev = value.device.index if value.device.index is not None else \
+        torch.cuda.current_device()
+    if dev not in _SMEM_OPTIN:
+        _SMEM_OPTIN[dev] = torch.cuda.get_device_properties(
+            dev).shared_memory_per_block_optin
+    heads, f_out = value.shape[1], value.shape[2]
+    hd_k = heads if kind == 'add' else heads * query.shape[-1]
+    scratch = 16 * ((hd_k + heads * 35 + 32) * 4 + 16) + hd_k * 4 + 64
+    per_node = (hd_k + heads * f_out) * value.element_size()
+    return max(0, (_SMEM_OPTIN[dev] - scratch) // per_node)
+
+
+_PLANS_ATTR = '_dfgnn_cuda_plans'
+
+
+def _plan(graph, kind: str, query: Tensor, value: Tensor,
+          strategy: Optional[str]) -> Tuple[int, int, Optional[Tensor], int]:
+    """``(strategy id, max_in_degree, windows, stage_nodes)``: the launch
+    arguments that depend only on the graph and the feature shapes, cached
+    on the graph per shape (the eager hot path then does one dict lookup)."""
+    plans = getattr(graph, _PLANS_ATTR, None)
+    if plans is None:
+        plans = {}
+        setattr(graph, _PLANS_ATTR, plans)
+    # The device is in the key: DFGraph.to() copies attributes, this dict too.
+    key = (kind, value.shape[1], value.shape[2], query.shape[-1],
+           value.dtype, value.device, strategy)
+    plan = plans.get(key)
+    if plan is not None:
+        return plan
+    if strategy is None:
+        strategy = graph.strategy(value.shape[1])
+    if strategy not in ('smmf', 'pmf'):
+        raise ValueError(f"'strategy' must be 'smmf' or 'pmf' "
+                         f"(got '{strategy}')")
+    windows, stage_nodes = None, 0
+    if strategy == SMMF:
+        if torch.compiler.is_compiling():
+            # Building the windows syncs with the host (a graph break): a
+            # graph first seen while tracing runs SMMF's fixed windows.
+            return (0, int(graph.max_in_degree), None, 0)
+        windows, stage_nodes = graph.row_windows(
+            _stage_capacity(kind, query, value))
+    plan = (0 if strategy == SMMF else 1, int(graph.max_in_degree), windows,
+            stage_nodes)
+    plans[key] = plan
+    return plan
 
 
 def fused_attention_cuda(graph, kind: str, value: Tensor, query: Tensor,
@@ -121,33 +149,23 @@ def fused_attention_cuda(graph, kind: str, value: Tensor, query: Tensor,
     if kind not in KIND_IDS:
         raise ValueError(f"'kind' must be one of {tuple(KIND_IDS)} "
                          f"(got '{kind}')")
-    _check_cuda_inputs(kind, value, query, key, att)
+    _check_cuda_inputs(value, query, key, att)
     if value.dtype == torch.float64:  # no fp64 kernels: the exact reference
         from pyg_dfgnn.ops.reference import fused_attention_reference
         return fused_attention_reference(graph, kind, value, query, key, att,
                                          scale, negative_slope)[0]
-    if not available():
+    if not _registered and not available():
         raise RuntimeError('pyg_dfgnn CUDA kernels are not available')
-    heads = value.shape[1]
-    if strategy is None:
-        strategy = graph.strategy(heads)
-    if strategy not in ('smmf', 'pmf'):
-        raise ValueError(f"'strategy' must be 'smmf' or 'pmf' "
-                         f"(got '{strategy}')")
-    tensors = (query, key, value) + ((att, ) if att is not None else ())
+    plan = _plan(graph, kind, query, value, strategy)
     colptr = csc_row = None
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+    if torch.is_grad_enabled() and (
+            value.requires_grad or query.requires_grad or key.requires_grad
+            or (att is not None and att.requires_grad)):
         colptr, csc_row, _ = graph.csc()
-    out, _ = fused_attention_op(
-        graph.rowptr, graph.col, colptr, csc_row, KIND_IDS[kind],
-        query.contiguous(), key.contiguous(), value.contiguous(),
-        att.contiguous() if att is not None else None, float(scale),
-        float(negative_slope), 0 if strategy == SMMF else 1,
-        int(graph.max_in_degree))
-    # The backward reads `out` (saved by the op); when one will run, hand the
-    # caller a copy so that in-place edits of the result (`h.relu_()` on a
-    # conv's output view) stay legal, as with PyG's unfused chain.
-    return out.clone() if colptr is not None else out
-
-
-fused_attention_op = None  # set by _register()
+    # The op makes its inputs contiguous and, when it records a backward,
+    # returns a copy of the output it saves, so that in-place edits of the
+    # result (`h.relu_()` on a conv's output view) stay legal as with PyG's
+    # unfused chain (kernels/autograd.cpp).
+    return _op(graph.rowptr, graph.col, colptr, csc_row, KIND_IDS[kind],
+               query, key, value, att, float(scale), float(negative_slope),
+               *plan)[0]

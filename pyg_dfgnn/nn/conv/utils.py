@@ -322,7 +322,6 @@ def _evict(key: Tuple) -> None:
     _cache.pop(key, None)
 
 
-@torch.compiler.disable  # Python-side cache: never traced
 def resolve_graph(adj: Any, num_src: int, num_dst: int,
                   device: torch.device, loops: Optional[int] = None,
                   name: str = 'edge_index') -> EdgeStructure:
@@ -340,6 +339,17 @@ def resolve_graph(adj: Any, num_src: int, num_dst: int,
             after removing existing ones (PyG's ``add_self_loops=True``).
         name (str): argument name for error messages.
     """
+    # Outside torch.compile the cache is called directly: the
+    # torch.compiler.disable wrapper costs microseconds per call.
+    if torch.compiler.is_compiling():
+        return _resolve_graph_untraced(adj, num_src, num_dst, device, loops,
+                                       name)
+    return _resolve_graph(adj, num_src, num_dst, device, loops, name)
+
+
+def _resolve_graph(adj: Any, num_src: int, num_dst: int,
+                   device: torch.device, loops: Optional[int],
+                   name: str) -> EdgeStructure:
     if isinstance(adj, DFGraph):
         _check_device(adj, device, name)
         adj.check_sizes(num_src, num_dst)
@@ -379,6 +389,10 @@ def resolve_graph(adj: Any, num_src: int, num_dst: int,
     while len(_cache) > MAX_CACHED_GRAPHS:
         _cache.popitem(last=False)
     return structure
+
+
+# Python-side cache: never traced (a graph break under torch.compile).
+_resolve_graph_untraced = torch.compiler.disable(_resolve_graph)
 
 
 def attention_weights(structure: EdgeStructure, adj: Any, alpha: Tensor,
@@ -424,7 +438,10 @@ def op_dtype(*tensors: Optional[Tensor]) -> torch.dtype:
 
 
 def cast(dtype: torch.dtype, *tensors: Optional[Tensor]) -> Tuple:
-    return tuple(None if t is None else t.to(dtype) for t in tensors)
+    # t.to(dtype) returns t itself when the dtype matches; reading t.dtype
+    # first skips its (microsecond) call in that common case.
+    return tuple(t if t is None or t.dtype == dtype else t.to(dtype)
+                 for t in tensors)
 
 
 def split_node_features(

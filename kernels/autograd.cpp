@@ -1,0 +1,201 @@
+// The differentiable fused attention op, pyg_dfgnn::fused_attention, with its
+// autograd in C++ (torchvision's pattern: a CUDA kernel plus an Autograd
+// kernel here, fake impls in Python, pyg_dfgnn/ops/cuda.py). A Python
+// custom_op + register_autograd costs tens of microseconds of host time per
+// call, more than the kernels of a small graph take.
+//
+// Forward: fused_attention_fwd below autograd -> (out, lse). Backward:
+// fused_attention_bwd, reading out and lse (lse is non-differentiable).
+// The graph tensors (rowptr, col, colptr, csc_row) never require grad and
+// are kept in saved_data (no version tracking: the graph is immutable).
+// colptr / csc_row may be None when no backward is expected; a backward then
+// raises.
+//
+// In-place edits of the result: the backward reads `out`, so when a node is
+// recorded the caller gets a copy (one [N_dst, H, F] copy kernel) and the
+// node saves the original, which nobody else can reach. Without a node (no
+// grad mode or no input requiring grad) `out` is returned as it is.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include "ops.h"
+
+namespace {
+
+using at::Tensor;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Typed handles of the kernel ops, so that fake / meta tensors (torch.compile
+// tracing) reach their fake impls through the dispatcher.
+const c10::TypedOperatorHandle<std::tuple<Tensor, Tensor>(
+    const Tensor&, const Tensor&, int64_t, const Tensor&, const Tensor&,
+    const Tensor&, const c10::optional<Tensor>&, double, double, int64_t,
+    int64_t, const c10::optional<Tensor>&, int64_t)>&
+fwd_op() {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("pyg_dfgnn::fused_attention_fwd", "")
+          .typed<std::tuple<Tensor, Tensor>(
+              const Tensor&, const Tensor&, int64_t, const Tensor&,
+              const Tensor&, const Tensor&, const c10::optional<Tensor>&,
+              double, double, int64_t, int64_t, const c10::optional<Tensor>&,
+              int64_t)>();
+  return op;
+}
+
+const c10::TypedOperatorHandle<std::tuple<Tensor, Tensor, Tensor, Tensor>(
+    const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+    int64_t, const Tensor&, const Tensor&, const Tensor&,
+    const c10::optional<Tensor>&, const Tensor&, const Tensor&, double,
+    double)>&
+bwd_op() {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("pyg_dfgnn::fused_attention_bwd", "")
+          .typed<std::tuple<Tensor, Tensor, Tensor, Tensor>(
+              const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+              const Tensor&, int64_t, const Tensor&, const Tensor&,
+              const Tensor&, const c10::optional<Tensor>&, const Tensor&,
+              const Tensor&, double, double)>();
+  return op;
+}
+
+// The non-differentiable arguments, passed to the Function as one value.
+struct GraphArgs {
+  const Tensor& rowptr;
+  const Tensor& col;
+  const c10::optional<Tensor>& colptr;
+  const c10::optional<Tensor>& csc_row;
+  int64_t kind;
+  double scale;
+  double negative_slope;
+  int64_t strategy;
+  int64_t max_in_degree;
+  const c10::optional<Tensor>& windows;
+  int64_t stage_nodes;
+};
+
+class FusedAttention : public torch::autograd::Function<FusedAttention> {
+ public:
+  // Inputs that can carry a gradient: query, key, value, att (an absent att
+  // is no edge, see needs_input_grad below).
+  static variable_list forward(AutogradContext* ctx, const Tensor& query,
+                               const Tensor& key, const Tensor& value,
+                               const c10::optional<Tensor>& att,
+                               const GraphArgs& g) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [out, lse] = fwd_op().call(
+        g.rowptr, g.col, g.kind, query, key, value, att, g.scale,
+        g.negative_slope, g.strategy, g.max_in_degree, g.windows,
+        g.stage_nodes);
+    ctx->save_for_backward(
+        {query, key, value, att.has_value() ? *att : Tensor(), out, lse});
+    auto& data = ctx->saved_data;
+    data["rowptr"] = g.rowptr;
+    data["col"] = g.col;
+    data["colptr"] = g.colptr;
+    data["csc_row"] = g.csc_row;
+    data["kind"] = g.kind;
+    data["scale"] = g.scale;
+    data["negative_slope"] = g.negative_slope;
+    ctx->mark_non_differentiable({lse});
+    return {out.clone(), lse};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto& data = ctx->saved_data;
+    auto colptr = data["colptr"].toOptional<Tensor>();
+    auto csc_row = data["csc_row"].toOptional<Tensor>();
+    TORCH_CHECK(colptr.has_value() && csc_row.has_value(),
+                "pyg_dfgnn: the fused op was called without gradients "
+                "enabled, so no CSC was built for its backward");
+    const auto saved = ctx->get_saved_variables();
+    const Tensor& att = saved[3];
+    const bool has_att = att.defined();
+    // Double backward (create_graph) is not supported: the backward ops
+    // have no autograd, so let the dispatcher say so; otherwise skip it.
+    c10::optional<at::AutoDispatchBelowADInplaceOrView> below;
+    if (!at::GradMode::is_enabled()) below.emplace();
+    auto [gq, gk, gv, ga] = bwd_op().call(
+        grads[0].contiguous(), data["rowptr"].toTensor(),
+        data["col"].toTensor(), *colptr, *csc_row, data["kind"].toInt(),
+        saved[0], saved[1], saved[2],
+        has_att ? c10::optional<Tensor>(att) : c10::nullopt, saved[4],
+        saved[5], data["scale"].toDouble(),
+        data["negative_slope"].toDouble());
+    // One entry per forward argument (GraphArgs last); undefined = no grad.
+    return {ctx->needs_input_grad(0) ? gq : Tensor(),
+            ctx->needs_input_grad(1) ? gk : Tensor(),
+            ctx->needs_input_grad(2) ? gv : Tensor(),
+            has_att && ctx->needs_input_grad(3) ? ga : Tensor(), Tensor()};
+  }
+};
+
+// The kernels read dense rows; unlike fused_attention_fwd this op takes any
+// strides (a copy is made only for non-contiguous inputs, differentiably
+// when it happens above autograd).
+c10::optional<Tensor> contiguous(const c10::optional<Tensor>& t) {
+  return t.has_value() ? c10::optional<Tensor>(t->contiguous()) : t;
+}
+
+std::tuple<Tensor, Tensor> fused_attention_cuda(
+    const Tensor& rowptr, const Tensor& col,
+    const c10::optional<Tensor>& /*colptr*/,
+    const c10::optional<Tensor>& /*csc_row*/, int64_t kind,
+    const Tensor& query, const Tensor& key, const Tensor& value,
+    const c10::optional<Tensor>& att, double scale, double negative_slope,
+    int64_t strategy, int64_t max_in_degree,
+    const c10::optional<Tensor>& windows, int64_t stage_nodes) {
+  return fused_attention_fwd_cuda(
+      rowptr, col, kind, query.contiguous(), key.contiguous(),
+      value.contiguous(), contiguous(att), scale, negative_slope, strategy,
+      max_in_degree, windows, stage_nodes);
+}
+
+std::tuple<Tensor, Tensor> fused_attention_autograd(
+    const Tensor& rowptr, const Tensor& col,
+    const c10::optional<Tensor>& colptr, const c10::optional<Tensor>& csc_row,
+    int64_t kind, const Tensor& query_in, const Tensor& key_in,
+    const Tensor& value_in, const c10::optional<Tensor>& att_in, double scale,
+    double negative_slope, int64_t strategy, int64_t max_in_degree,
+    const c10::optional<Tensor>& windows, int64_t stage_nodes) {
+  const Tensor query = query_in.contiguous(), key = key_in.contiguous(),
+               value = value_in.contiguous();
+  const c10::optional<Tensor> att = contiguous(att_in);
+  const bool track =
+      at::GradMode::is_enabled() &&
+      (query.requires_grad() || key.requires_grad() || value.requires_grad() ||
+       (att.has_value() && att->requires_grad()));
+  if (!track) {  // no node: no saved tensors, no copy of the output
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return fwd_op().call(rowptr, col, kind, query, key, value, att, scale,
+                         negative_slope, strategy, max_in_degree, windows,
+                         stage_nodes);
+  }
+  auto outs = FusedAttention::apply(
+      query, key, value, att,
+      GraphArgs{rowptr, col, colptr, csc_row, kind, scale, negative_slope,
+                strategy, max_in_degree, windows, stage_nodes});
+  return {outs[0], outs[1]};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(pyg_dfgnn, m) {
+  m.def(
+      "fused_attention(Tensor rowptr, Tensor col, Tensor? colptr, "
+      "Tensor? csc_row, int kind, Tensor query, Tensor key, Tensor value, "
+      "Tensor? att, float scale, float negative_slope, int strategy, "
+      "int max_in_degree, Tensor? windows, int stage_nodes) "
+      "-> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(pyg_dfgnn, CUDA, m) {
+  m.impl("fused_attention", &fused_attention_cuda);
+}
+
+TORCH_LIBRARY_IMPL(pyg_dfgnn, Autograd, m) {
+  m.impl("fused_attention", &fused_attention_autograd);
+}

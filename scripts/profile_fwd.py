@@ -1,0 +1,39 @@
+"""Run the SMMF forward once per case for `ncu` (kernel-level profile).
+
+    ncu --kernel-name regex:smmf_fwd --section ... python scripts/profile_fwd.py
+"""
+import os
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, 'benchmarks')]
+from graphs import make_dfgraph  # noqa: E402
+
+
+def main():
+    from pyg_dfgnn.ops import cuda
+    assert cuda.available()
+    dev = torch.device('cuda')
+    cases = sys.argv[1].split(',') if len(sys.argv) > 1 else [
+        'pattern-like:1x128:staged', 'pattern-like:1x128:plain',
+        'pubmed-like:1x128:plain']
+    for case in cases:
+        name, shape, mode = case.split(':')
+        h, f = (int(x) for x in shape.split('x'))
+        graph, _, n = make_dfgraph(name, dev)
+        q, k, v = (torch.randn(n, h, f, device=dev) for _ in range(3))
+        win, span = graph.row_windows(cuda._stage_capacity('dot', q, v))
+        if mode == 'plain':
+            win, span = None, 0
+        print(case, 'windows', None if win is None else win.numel() - 1,
+              'span', span, flush=True)
+        torch.ops.pyg_dfgnn.fused_attention_fwd(
+            graph.rowptr, graph.col, 0, q, k, v, None, 1.0, 0.2, 0,
+            graph.max_in_degree, win, span)
+        torch.cuda.synchronize()
+
+
+if __name__ == '__main__':
+    main()
