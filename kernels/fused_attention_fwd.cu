@@ -130,7 +130,8 @@ std::tuple<at::Tensor, at::Tensor> fused_attention_fwd_cuda(
   // SMMF needs int32 'col' and its per-warp scratch (query row, one chunk of
   // scores) in shared memory; anything else runs PMF. Graph-aligned windows
   // stage up to `stage_nodes` source rows each, as many as fit.
-  bool smmf = strategy == 0 && col.scalar_type() == at::kInt;
+  bool smmf = strategy == 0 && col.scalar_type() == at::kInt &&
+              H <= kSmmfMaxHeads;
   if (smmf && windows_opt.has_value() && windows_opt->defined() &&
       stage_nodes > 0) {
     const at::Tensor& windows = *windows_opt;

@@ -27,6 +27,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include "common.cuh"
 #include "ops.h"
@@ -41,10 +42,11 @@ constexpr int kUnroll = 4;       // independent items / neighbours in flight
 constexpr int kSegEdges = 256;   // PMF: edges per segment (one warp)
 constexpr int kTileEdges = 32;   // PMF: edges per exp tile in smem
 constexpr int kRowChunk = 32;    // SMMF: edges per online-softmax chunk
-constexpr int kSmmfMaxThreads = 512;
-constexpr int kSmmfStagedWarps = 16;  // SMMF block with staging (a window)
+constexpr int kSmmfMaxThreads = 1024;  // -> <= 64 registers per thread
+constexpr int kSmmfStagedWarps = 32;  // SMMF block with staging (a window)
 constexpr int kSmmfPlainWarps = 8;    // SMMF block without staging
 constexpr int kSmmfPlainRows = 16;    // rows of such a block
+constexpr int kSmmfMaxHeads = 128;    // SMMF's item -> (edge, head) split
 
 template <typename T, bool VEC>
 struct Width {
@@ -221,47 +223,206 @@ __host__ __device__ inline SmmfLayout smmf_layout(int span, int H, int HD_k,
 }
 
 // Copy n elements global -> shared (16 bytes per access when VW > 1: both
-// ends 16-byte aligned and n a multiple of VW then).
+// ends 16-byte aligned and n a multiple of VW then), 4 loads in flight per
+// thread.
 template <typename T, int VW>
 __device__ __forceinline__ void copy_to_smem(T* dst, const T* __restrict__ src,
-                                             int64_t n) {
-  if constexpr (VW > 1) {
-    const uint4* s4 = reinterpret_cast<const uint4*>(src);
-    uint4* d4 = reinterpret_cast<uint4*>(dst);
-    for (int64_t i = threadIdx.x; i < n / VW; i += blockDim.x) d4[i] = s4[i];
-  } else {
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+                                             int n) {
+  using W = typename std::conditional<(VW > 1), uint4, T>::type;
+  const W* s = reinterpret_cast<const W*>(src);
+  W* d = reinterpret_cast<W*>(dst);
+  const int nw = VW > 1 ? n / VW : n, step = blockDim.x;
+  for (int i = threadIdx.x; i < nw; i += 4 * step) {
+    W t[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      if (i + u * step < nw) t[u] = s[i + u * step];
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      if (i + u * step < nw) d[i + u * step] = t[u];
   }
 }
 
+// Sum over aligned groups of G lanes, G in {1, 2, 4, 8}.
+__device__ __forceinline__ float group8_sum(float v, int G) {
+  if (G >= 8) v += __shfl_xor_sync(kFullMask, v, 4);
+  if (G >= 4) v += __shfl_xor_sync(kFullMask, v, 2);
+  if (G >= 2) v += __shfl_xor_sync(kFullMask, v, 1);
+  return v;
+}
+
 // ============================================================= SMMF kernel
+// Per-warp state of the SMMF row loop (shared memory scratch + constants).
+struct SmmfWarp {
+  float* q;   // query row, fp32 [HD_q]
+  float* p;   // scores / exp values of the chunk [H][kRowChunk]
+  float* m;   // running max [H]
+  float* l;   // running sum [H]
+  float* c;   // rescale factor of the last chunk [H]
+  int* j;     // chunk sources, relative to the K / V base [kRowChunk]
+};
+
+// One warp, rows taken from `next` until `r_end`: chunks of kRowChunk edges,
+// SDDMM -> online softmax -> SpMM. K / V rows of source j are at
+// kb + (j - lo) * HD_k and vb + (j - lo) * H*F: shared memory for a staged
+// window (OFF = int), global memory otherwise (OFF = int64_t, lo = 0).
+template <typename T, int KIND, int VW, int SLOTS, typename OFF>
+__device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
+                                          const SmmfWarp& w, int* next,
+                                          int64_t r_begin, int64_t r_end,
+                                          const T* kb, const T* vb, int lo,
+                                          const float* att) {
+  constexpr int C = kRowChunk;
+  const int lane = threadIdx.x % kWarpSize;
+  const int H = a.H, D = a.D, F = a.F;
+  const int HD_k = KIND == kAdd ? H : H * D;
+  const int HF = H * F;
+  const int slots = HF / VW;
+  const int group = a.v_group, ls = lane % group, sub = lane / group;
+  // <= 8 lanes per (edge, head) item: 4+ items in flight per step, each
+  // group reading 128 contiguous bytes of a K row (no bank conflicts)
+  const int G = KIND == kAdd ? 1 : min(a.qk_group, 8), ng = kWarpSize / G;
+  const int g = lane / G, lg = lane % G;
+  const unsigned h_magic = ((1u << 20) + H - 1) / H;  // it / H, H <= 128
+
+  auto v_row = [&](int e) -> const T* { return vb + (OFF)w.j[e] * HF; };
+  auto get_p = [&](int e, int h) -> float { return w.p[h * C + e]; };
+
+  for (;;) {
+    int r = 0;
+    if (lane == 0) r = atomicAdd(next, 1);
+    r = __shfl_sync(kFullMask, r, 0);
+    const int64_t row = r_begin + r;
+    if (row >= r_end) break;
+    const int64_t elo = a.rowptr[row], ehi = a.rowptr[row + 1];
+    for (int i = lane; i < HD_k; i += kWarpSize)
+      w.q[i] = to_float(a.q[row * HD_k + i]);
+
+    // Feature passes of group * SLOTS vectors (one unless H*F is large);
+    // each pass recomputes the scores.
+    for (int c0 = 0; c0 < slots; c0 += group * SLOTS) {
+      float acc[SLOTS][VW];
+      int hs[SLOTS];
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s) {
+        hs[s] = min(H - 1, (c0 + ls + s * group) * VW / F);
+#pragma unroll
+        for (int i = 0; i < VW; ++i) acc[s][i] = 0.f;
+      }
+      __syncwarp();  // the previous pass has read l
+      for (int h = lane; h < H; h += kWarpSize) w.m[h] = -INFINITY, w.l[h] = 0.f;
+
+      for (int64_t cb = elo; cb < ehi; cb += C) {
+        const int n = (int)(ehi - cb < C ? ehi - cb : C);
+        __syncwarp();
+        if (lane < n) w.j[lane] = a.col[cb + lane] - lo;
+        __syncwarp();
+        // SDDMM over the chunk's (edge, head) items, two per group in flight
+        const int n_items = n * H;
+        if constexpr (KIND == kAdd) {
+          for (int it = lane; it < n_items; it += kWarpSize) {
+            const int e = (int)(((unsigned)it * h_magic) >> 20), h = it - e * H;
+            const float x = w.q[h] + to_float(kb[(OFF)w.j[e] * H + h]);
+            w.p[h * C + e] = leaky_relu(x, a.slope);
+          }
+        } else {
+          for (int it0 = g; it0 < n_items; it0 += 2 * ng) {
+            float part[2];
+            int eh[2][2];
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+              const int it = it0 + u * ng;
+              part[u] = 0.f;
+              eh[u][0] = -1;
+              if (it < n_items) {
+                const int e = (int)(((unsigned)it * h_magic) >> 20);
+                const int h = it - e * H;
+                eh[u][0] = e, eh[u][1] = h;
+                part[u] = score_part<KIND, T, VW>(
+                    w.q + h * D, kb + (OFF)w.j[e] * HD_k + h * D, att + h * D,
+                    D, lg * VW, G * VW, a.slope);
+              }
+            }
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+              const float sc = group8_sum(part[u], G);
+              if (lg == 0 && eh[u][0] >= 0)
+                w.p[eh[u][1] * C + eh[u][0]] = KIND == kDot ? sc * a.scale : sc;
+            }
+          }
+        }
+        __syncwarp();
+        // online softmax: lanes over the chunk's edges, one head at a time
+        for (int h = 0; h < H; ++h) {
+          const float sc = lane < n ? w.p[h * C + lane] : -INFINITY;
+          const float m_old = w.m[h];
+          const float m_new = fmaxf(m_old, warp_max(sc));
+          const float p = lane < n ? expf(sc - m_new) : 0.f;
+          if (lane < n) w.p[h * C + lane] = p;
+          const float sum = warp_sum(p);
+          __syncwarp();
+          if (lane == 0) {
+            const float corr = expf(m_old - m_new);  // 0 on the first chunk
+            w.l[h] = w.l[h] * corr + sum;
+            w.m[h] = m_new;
+            w.c[h] = corr;
+          }
+        }
+        __syncwarp();
+        // SpMM: rescale the partial sums, add this chunk
+        if (cb != elo) {
+#pragma unroll
+          for (int s = 0; s < SLOTS; ++s) {
+            const float corr = w.c[hs[s]];
+#pragma unroll
+            for (int i = 0; i < VW; ++i) acc[s][i] *= corr;
+          }
+        }
+        spmm_accumulate<T, VW, SLOTS>(acc, slots, c0, group, ls, sub, 0, n, hs,
+                                      v_row, get_p);
+      }
+      reduce_edge_groups<VW, SLOTS>(acc, group);
+      __syncwarp();
+      if (sub == 0) {
+#pragma unroll
+        for (int s = 0; s < SLOTS; ++s) {
+          const int sl = c0 + ls + s * group;
+          if (sl < slots) {
+            const float inv = 1.f / (w.l[hs[s]] + 1e-16f);
+#pragma unroll
+            for (int i = 0; i < VW; ++i) acc[s][i] *= inv;
+            store_vec<T, VW>(a.out + row * HF + (int64_t)sl * VW, acc[s]);
+          }
+        }
+      }
+    }
+    for (int h = lane; h < H; h += kWarpSize)
+      a.lse[row * H + h] =
+          ehi > elo ? w.m[h] + logf(w.l[h] + 1e-16f) : -INFINITY;
+    __syncwarp();  // the next row overwrites this warp's scratch
+  }
+}
+
 // A block owns a window of rows: `windows[b] .. windows[b + 1]` (graph-aligned
 // windows from DFGraph.row_windows: the sources of a small graph of a batch),
-// or `rows_per_block` consecutive rows. With `stage_span` > 0 the window's
-// source rows [lo, lo + stage_span) of K and V (lo = its smallest source) are
-// copied to shared memory once, so each edge reads them there instead of
-// from L2 (a 119-node graph is reused by ~41 edges per node); sources beyond
-// the staged range are read from global memory.
-// Rows go to warps dynamically. A warp walks its row in chunks of kRowChunk
-// edges: warp-balanced SDDMM over the chunk's (edge, head) items (a group of
-// lanes per item), online softmax (lanes over edges, exp values in smem,
-// running max / sum per head, previous partial sums rescaled), SpMM with
-// lanes over 16-byte feature vectors. Any degree fits: nothing is sized by
-// the row length.
+// or `rows_per_block` consecutive rows. With `stage_span` > 0 a window whose
+// sources [lo, hi] number <= stage_span has its K and V rows copied to shared
+// memory once, so each edge reads them there instead of from L2 (a 119-node
+// graph's rows are reused by ~41 edges each); wider windows read global
+// memory. Rows go to warps dynamically (smmf_rows). Any degree fits: nothing
+// is sized by the row length.
 template <typename T, int KIND, bool VEC>
 __global__ void __launch_bounds__(kSmmfMaxThreads)
     smmf_fwd_kernel(FwdArgs<T, int32_t> a, const int64_t* __restrict__ windows,
                     int rows_per_block, int stage_span) {
   constexpr int VW = Width<T, VEC>::kVW;
-  constexpr int SLOTS = Width<T, VEC>::kSlots;
-  constexpr int C = kRowChunk;
+  constexpr int SLOTS = VEC ? (8 / VW > 1 ? 8 / VW : 1) : 2;
   extern __shared__ __align__(16) unsigned char smem[];
   const int H = a.H, D = a.D;
   const int HD_k = KIND == kAdd ? H : H * D;
-  const int HD_q = HD_k;
   const int HF = H * a.F;
   const int n_warps = blockDim.x / kWarpSize;
-  const SmmfLayout L = smmf_layout(stage_span, H, HD_k, HF, HD_q,
+  const SmmfLayout L = smmf_layout(stage_span, H, HD_k, HF, HD_k,
                                    KIND == kGatv2 ? H * D : 0, n_warps,
                                    sizeof(T));
   T* s_k = reinterpret_cast<T*>(smem);
@@ -280,8 +441,6 @@ __global__ void __launch_bounds__(kSmmfMaxThreads)
     r_end = r_begin + rows_per_block < a.n_dst ? r_begin + rows_per_block
                                                 : a.n_dst;
   }
-
-  // ---- 0. stage the window's source rows of K and V
   if (tid == 0) {
     s_next[0] = 0;
     s_lo[0] = INT32_MAX;
@@ -289,7 +448,10 @@ __global__ void __launch_bounds__(kSmmfMaxThreads)
   }
   if constexpr (KIND == kGatv2)
     for (int i = tid; i < H * D; i += blockDim.x) s_att[i] = to_float(a.att[i]);
-  int src_lo = 0, n_staged = 0;
+
+  // ---- stage the window's source rows of K and V
+  bool staged = false;
+  int src_lo = 0;
   if (stage_span > 0) {
     __syncthreads();
     const int64_t e0 = a.rowptr[r_begin], e1 = a.rowptr[r_end];
@@ -309,156 +471,31 @@ __global__ void __launch_bounds__(kSmmfMaxThreads)
       atomicMax(&s_lo[1], mx);
     }
     __syncthreads();
-    if (s_lo[1] >= 0) {
+    const int n_src = s_lo[1] - s_lo[0] + 1;
+    if (s_lo[1] >= 0 && n_src <= stage_span) {
+      staged = true;
       src_lo = s_lo[0];
-      n_staged = min(stage_span, s_lo[1] - src_lo + 1);
       copy_to_smem<T, (KIND == kAdd ? 1 : VW)>(
-          s_k, a.k + (int64_t)src_lo * HD_k, (int64_t)n_staged * HD_k);
-      copy_to_smem<T, VW>(s_v, a.v + (int64_t)src_lo * HF,
-                          (int64_t)n_staged * HF);
+          s_k, a.k + (int64_t)src_lo * HD_k, n_src * HD_k);
+      copy_to_smem<T, VW>(s_v, a.v + (int64_t)src_lo * HF, n_src * HF);
     }
   }
   __syncthreads();
 
-  // ---- per warp scratch
-  float* s_q = reinterpret_cast<float*>(smem + L.warps + warp * L.warp_bytes);
-  float* s_p = s_q + HD_q;
-  float* s_m = s_p + H * C;
-  float* s_l = s_m + H;
-  float* s_c = s_l + H;
-  int* s_j = reinterpret_cast<int*>(s_c + H);
-
-  auto k_row = [&](int j, int h) -> const T* {  // key of (source j, head h)
-    const unsigned jr = (unsigned)(j - src_lo);
-    return jr < (unsigned)n_staged ? s_k + ((int64_t)jr * H + h) * (HD_k / H)
-                                   : a.k + ((int64_t)j * H + h) * (HD_k / H);
-  };
-  auto v_row = [&](int e) -> const T* {  // value row of chunk edge e
-    const int j = s_j[e];
-    const unsigned jr = (unsigned)(j - src_lo);
-    return jr < (unsigned)n_staged ? s_v + (int64_t)jr * HF
-                                   : a.v + (int64_t)j * HF;
-  };
-  auto get_p = [&](int e, int h) -> float { return s_p[h * C + e]; };
-
-  const int slots = HF / VW;
-  const int group = a.v_group;
-  const int ls = lane % group, sub = lane / group;
-  // <= 8 lanes per (edge, head) item: 4+ items of a chunk in flight, each
-  // group reading 128 contiguous bytes of a K row (no bank conflicts)
-  const int G = KIND == kAdd ? 1 : min(a.qk_group, 8), ng = kWarpSize / G;
-  const int g = lane / G, lg = lane % G;
-
-  for (;;) {
-    int r = 0;
-    if (lane == 0) r = atomicAdd(s_next, 1);
-    r = __shfl_sync(kFullMask, r, 0);
-    const int64_t row = r_begin + r;
-    if (row >= r_end) break;
-    const int64_t elo = a.rowptr[row], ehi = a.rowptr[row + 1];
-    for (int i = lane; i < HD_q; i += kWarpSize)
-      s_q[i] = to_float(a.q[row * HD_q + i]);
-
-    // Feature passes of group * SLOTS vectors (one pass unless H*F is
-    // large); each pass recomputes the (cheap, smem-resident) scores.
-    for (int c0 = 0; c0 < slots; c0 += group * SLOTS) {
-      float acc[SLOTS][VW];
-      int hs[SLOTS];
-#pragma unroll
-      for (int s = 0; s < SLOTS; ++s) {
-        hs[s] = min(H - 1, (c0 + ls + s * group) * VW / a.F);
-#pragma unroll
-        for (int i = 0; i < VW; ++i) acc[s][i] = 0.f;
-      }
-      __syncwarp();  // the previous pass has read s_l
-      for (int h = lane; h < H; h += kWarpSize) s_m[h] = -INFINITY, s_l[h] = 0.f;
-
-      for (int64_t cb = elo; cb < ehi; cb += C) {
-        const int n = (int)(ehi - cb < C ? ehi - cb : C);
-        __syncwarp();
-        if (lane < n) s_j[lane] = a.col[cb + lane];
-        __syncwarp();
-        // SDDMM over the chunk's (edge, head) items
-        const int n_items = n * H;
-        if constexpr (KIND == kAdd) {
-          for (int it = lane; it < n_items; it += kWarpSize) {
-            const int e = it / H, h = it - e * H;
-            const float x = s_q[h] + to_float(*k_row(s_j[e], h));
-            s_p[h * C + e] = leaky_relu(x, a.slope);
-          }
-        } else {
-          for (int it0 = 0; it0 < n_items; it0 += 2 * ng) {
-            float part[2];
-            int item[2];
-#pragma unroll
-            for (int u = 0; u < 2; ++u) {
-              item[u] = it0 + u * ng + g;
-              part[u] = 0.f;
-              if (item[u] < n_items) {
-                const int e = item[u] / H, h = item[u] - e * H;
-                part[u] = score_part<KIND, T, VW>(
-                    s_q + h * D, k_row(s_j[e], h), s_att + h * D, D, lg * VW,
-                    G * VW, a.slope);
-              }
-            }
-#pragma unroll
-            for (int u = 0; u < 2; ++u) {
-              const float sc = group_sum(part[u], G);
-              if (lg == 0 && item[u] < n_items) {
-                const int e = item[u] / H, h = item[u] - e * H;
-                s_p[h * C + e] = KIND == kDot ? sc * a.scale : sc;
-              }
-            }
-          }
-        }
-        __syncwarp();
-        // online softmax: lanes over the chunk's edges, one head at a time
-        for (int h = 0; h < H; ++h) {
-          const float sc = lane < n ? s_p[h * C + lane] : -INFINITY;
-          const float m_old = s_m[h];
-          const float m_new = fmaxf(m_old, warp_max(sc));
-          const float p = lane < n ? expf(sc - m_new) : 0.f;
-          if (lane < n) s_p[h * C + lane] = p;
-          const float sum = warp_sum(p);
-          __syncwarp();
-          if (lane == 0) {
-            const float corr = expf(m_old - m_new);  // 0 on the first chunk
-            s_l[h] = s_l[h] * corr + sum;
-            s_m[h] = m_new;
-            s_c[h] = corr;
-          }
-        }
-        __syncwarp();
-        // SpMM: rescale the partial sums, add this chunk
-#pragma unroll
-        for (int s = 0; s < SLOTS; ++s) {
-          const float corr = s_c[hs[s]];
-#pragma unroll
-          for (int i = 0; i < VW; ++i) acc[s][i] *= corr;
-        }
-        spmm_accumulate<T, VW, SLOTS>(acc, slots, c0, group, ls, sub, 0, n, hs,
-                                      v_row, get_p);
-      }
-      reduce_edge_groups<VW, SLOTS>(acc, group);
-      __syncwarp();
-      if (sub == 0) {
-#pragma unroll
-        for (int s = 0; s < SLOTS; ++s) {
-          const int sl = c0 + ls + s * group;
-          if (sl < slots) {
-            const float inv = 1.f / (s_l[hs[s]] + 1e-16f);
-#pragma unroll
-            for (int i = 0; i < VW; ++i) acc[s][i] *= inv;
-            store_vec<T, VW>(a.out + row * HF + (int64_t)sl * VW, acc[s]);
-          }
-        }
-      }
-    }
-    for (int h = lane; h < H; h += kWarpSize)
-      a.lse[row * H + h] =
-          ehi > elo ? s_m[h] + logf(s_l[h] + 1e-16f) : -INFINITY;
-    __syncwarp();  // the next row overwrites this warp's scratch
-  }
+  float* base = reinterpret_cast<float*>(smem + L.warps + warp * L.warp_bytes);
+  SmmfWarp w;
+  w.q = base;
+  w.p = w.q + HD_k;
+  w.m = w.p + H * kRowChunk;
+  w.l = w.m + H;
+  w.c = w.l + H;
+  w.j = reinterpret_cast<int*>(w.c + H);
+  if (staged)
+    smmf_rows<T, KIND, VW, SLOTS, int>(a, w, s_next, r_begin, r_end, s_k, s_v,
+                                       src_lo, s_att);
+  else
+    smmf_rows<T, KIND, VW, SLOTS, int64_t>(a, w, s_next, r_begin, r_end, a.k,
+                                           a.v, 0, s_att);
 }
 
 // ============================================================= PMF kernels
