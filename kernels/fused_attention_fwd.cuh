@@ -326,12 +326,13 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
             w.p[h * C + e] = leaky_relu(x, a.slope);
           }
         } else {
-          for (int it0 = g; it0 < n_items; it0 += 2 * ng) {
+          // warp-uniform trip count: group8_sum shuffles across groups
+          for (int it0 = 0; it0 < n_items; it0 += 2 * ng) {
             float part[2];
             int eh[2][2];
 #pragma unroll
             for (int u = 0; u < 2; ++u) {
-              const int it = it0 + u * ng;
+              const int it = it0 + u * ng + g;
               part[u] = 0.f;
               eh[u][0] = -1;
               if (it < n_items) {
