@@ -31,6 +31,10 @@ CASES = [
     ('gatv2', torch.float32, 'pmf', 'bipartite', 2, 32, 32, None),
     ('gatv2', torch.bfloat16, 'smmf', 'super', 1, 8, 8, None),
     ('dot', torch.float32, 'smmf', 'empty', 2, 8, 8, None),
+    # SMMF windows staging K / V in shared memory (batch graphs)
+    ('add', torch.bfloat16, 'smmf', 'batch', 4, 1, 32, None),
+    ('gatv2', torch.float32, 'smmf', 'batch', 3, 17, 17, None),
+    ('dot', torch.float16, 'smmf', 'batch', 1, 128, 128, None),
 ]
 
 
