@@ -45,10 +45,7 @@
 namespace pyg_dfgnn {
 namespace bwd {
 
-// 32 warps per block, <= 64 registers per thread: the passes are latency
-// bound (a gather per edge), so warps per SM matter more than registers.
-constexpr int kWarps = 32;
-constexpr int kWindow = 32;    // owners per window block
+constexpr int kWarps = 16;
 constexpr int kThreads = kWarps * 32;
 enum : int { kKindDot = 0, kKindAdd = 1, kKindGatv2 = 2 };
 
@@ -535,7 +532,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       int64_t lo, hi;
       const bool fit = span(a, b, lo, hi);
       // halves can only fit if the whole is at most twice the capacity
-      if (fit || b - a <= 8 || hi < lo ||
+      if (fit || b - a <= kWarps || hi < lo ||
           hi - lo + 1 > 2 * P.stage_cap) {
         run_range(a, b, fit ? lo : -1, hi);
       } else {  // try each half on its own (window straddles two graphs)
@@ -592,15 +589,14 @@ struct Layout {
   int VEC, NV, G, HP, S, HG;
 };
 
-// Lanes per (edge, head) G, vectors per lane NV: one 16-byte vector per lane
-// (8 elements on the scalar path), more lanes for wide rows.
+// Lanes per (edge, head) G, vectors per lane NV: about 8 elements per lane
+// and vector (16-byte loads, few registers), more lanes for wide rows.
 inline Layout choose_layout(int elem_bytes, bool vec_ok, int H, int DA,
                             int F) {
   Layout l;
   l.VEC = vec_ok ? 16 / elem_bytes : 1;
   const int C = (std::max(DA, F) + l.VEC - 1) / l.VEC;  // vectors per row
-  // one 16-byte vector per lane (the scalar path: 8 elements)
-  const int nv_small = l.VEC == 1 ? 8 : std::max(1, 4 / l.VEC);
+  const int nv_small = std::max(1, 8 / l.VEC);
   l.NV = (C + nv_small - 1) / nv_small <= 32 ? nv_small : 8;
   const int need = (C + l.NV - 1) / l.NV;
   TORCH_CHECK(need <= 32, "fused_attention_bwd: feature size ",
@@ -626,7 +622,7 @@ void launch_pass(Params<T> P, const Layout& l, int dev, at::Tensor* att_part,
   const int64_t static_bytes = 8 * (2 * kWarps + kThreads) + 16;
   const int64_t max_dyn = (int64_t)prop->sharedMemPerBlockOptin -
                           static_bytes - 1024;
-  // The register budget (__launch_bounds__(1024, 1)) already allows one block
+  // The register budget (__launch_bounds__(512, 1)) already allows one block
   // per SM: take all the shared memory for staging.
   const int64_t smem = max_dyn;
   TORCH_CHECK(smem >= red_bytes, "fused_attention_bwd: not enough shared "
@@ -665,7 +661,7 @@ template <typename T, int KIND, bool CSC>
 void dispatch_layout(const Params<T>& P, const Layout& l, int dev,
                      at::Tensor* att_part, const at::TensorOptions& fopt) {
   constexpr int V = 16 / sizeof(T);
-  constexpr int NVS = 4 / V > 1 ? 4 / V : 1;  // NV of the small layout
+  constexpr int NVS = 8 / V > 1 ? 8 / V : 1;  // NV of the small layout
   if (l.VEC == 1) {
     TORCH_CHECK(l.NV == 8, "fused_attention_bwd: internal layout error");
     launch_pass<T, KIND, CSC, 1, 8>(P, l, dev, att_part, fopt);
@@ -693,7 +689,7 @@ void run_kind(Args& a, const Layout& l) {
   P.G = l.G;
   P.HP = l.HP;
   P.S = l.S;
-  P.window = kWindow;
+  P.window = 2 * kWarps;
   P.heavy_deg = 256;
   P.att = ptr(a.att);
   P.lse = a.lse.data_ptr<float>();
