@@ -97,7 +97,8 @@ def _stage_capacity(kind: str, query: Tensor, value: Tensor) -> int:
             dev).shared_memory_per_block_optin
     heads, f_out = value.shape[1], value.shape[2]
     hd_k = heads if kind == 'add' else heads * query.shape[-1]
-    scratch = 16 * ((hd_k + heads * 35 + 32) * 4 + 16) + hd_k * 4 + 64
+    # 32 warps (kSmmfStagedWarps) x (query row, 32-edge chunk, m / l / corr)
+    scratch = 32 * ((hd_k + heads * 35 + 32) * 4 + 16) + hd_k * 4 + 64
     per_node = (hd_k + heads * f_out) * value.element_size()
     return max(0, (_SMEM_OPTIN[dev] - scratch) // per_node)
 
