@@ -5,7 +5,6 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "fused_attention_fwd.cuh"
 #include "ops.h"

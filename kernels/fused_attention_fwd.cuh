@@ -185,6 +185,20 @@ __device__ __forceinline__ void spmm_accumulate(
   }
 }
 
+// Start of a feature pass: zero this lane's accumulators and find the head
+// of each of its slots (slot c0 + ls + s * group holds VW features).
+template <int VW, int SLOTS>
+__device__ __forceinline__ void begin_pass(float (&acc)[SLOTS][VW],
+                                           int (&hs)[SLOTS], int c0, int ls,
+                                           int group, int H, int F) {
+#pragma unroll
+  for (int s = 0; s < SLOTS; ++s) {
+    hs[s] = min(H - 1, (c0 + ls + s * group) * VW / F);
+#pragma unroll
+    for (int i = 0; i < VW; ++i) acc[s][i] = 0.f;
+  }
+}
+
 template <int VW, int SLOTS>
 __device__ __forceinline__ void reduce_edge_groups(float (&acc)[SLOTS][VW],
                                                    int group) {
@@ -203,13 +217,13 @@ __host__ __device__ inline size_t align16(size_t b) {
 
 // Shared memory of an SMMF block (byte offsets, 16-byte aligned):
 // staged K rows [span][HD_k] T | staged V rows [span][H*F] T |
-// att fp32 [HD_att] | block scalars | per warp: query row fp32 [HD_q] |
+// att fp32 [HD_att] | block scalars | per warp: query row fp32 [HD_k] |
 // p fp32 [H][kRowChunk] | m, l, corr fp32 [H] each | sources int32 [kRowChunk].
 struct SmmfLayout {
   size_t v, att, scalars, warps, warp_bytes, total;
 };
 __host__ __device__ inline SmmfLayout smmf_layout(int span, int H, int HD_k,
-                                                  int HF, int HD_q, int HD_att,
+                                                  int HF, int HD_att,
                                                   int warps, size_t elem) {
   SmmfLayout L;
   L.v = align16((size_t)span * HD_k * elem);
@@ -217,7 +231,7 @@ __host__ __device__ inline SmmfLayout smmf_layout(int span, int H, int HD_k,
   L.scalars = align16(L.att + (size_t)HD_att * 4);
   L.warps = L.scalars + 16;
   L.warp_bytes =
-      align16((size_t)(HD_q + H * kRowChunk + 3 * H + kRowChunk) * 4);
+      align16((size_t)(HD_k + H * kRowChunk + 3 * H + kRowChunk) * 4);
   L.total = L.warps + (size_t)warps * L.warp_bytes;
   return L;
 }
@@ -254,7 +268,7 @@ __device__ __forceinline__ float group8_sum(float v, int G) {
 // ============================================================= SMMF kernel
 // Per-warp state of the SMMF row loop (shared memory scratch + constants).
 struct SmmfWarp {
-  float* q;   // query row, fp32 [HD_q]
+  float* q;   // query row, fp32 [HD_k] (query and key rows match)
   float* p;   // scores / exp values of the chunk [H][kRowChunk]
   float* m;   // running max [H]
   float* l;   // running sum [H]
@@ -303,12 +317,7 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
     for (int c0 = 0; c0 < slots; c0 += group * SLOTS) {
       float acc[SLOTS][VW];
       int hs[SLOTS];
-#pragma unroll
-      for (int s = 0; s < SLOTS; ++s) {
-        hs[s] = min(H - 1, (c0 + ls + s * group) * VW / F);
-#pragma unroll
-        for (int i = 0; i < VW; ++i) acc[s][i] = 0.f;
-      }
+      begin_pass<VW, SLOTS>(acc, hs, c0, ls, group, H, F);
       __syncwarp();  // the previous pass has read l
       for (int h = lane; h < H; h += kWarpSize) w.m[h] = -INFINITY, w.l[h] = 0.f;
 
@@ -423,7 +432,7 @@ __global__ void __launch_bounds__(kSmmfMaxThreads)
   const int HD_k = KIND == kAdd ? H : H * D;
   const int HF = H * a.F;
   const int n_warps = blockDim.x / kWarpSize;
-  const SmmfLayout L = smmf_layout(stage_span, H, HD_k, HF, HD_k,
+  const SmmfLayout L = smmf_layout(stage_span, H, HD_k, HF,
                                    KIND == kGatv2 ? H * D : 0, n_warps,
                                    sizeof(T));
   T* s_k = reinterpret_cast<T*>(smem);
@@ -614,12 +623,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int c0 = 0; c0 < slots; c0 += group * SLOTS) {
     float acc[SLOTS][VW];
     int hs[SLOTS];
-#pragma unroll
-    for (int s = 0; s < SLOTS; ++s) {
-      hs[s] = min(H - 1, (c0 + ls + s * group) * VW / F);
-#pragma unroll
-      for (int i = 0; i < VW; ++i) acc[s][i] = 0.f;
-    }
+    begin_pass<VW, SLOTS>(acc, hs, c0, ls, group, H, F);
     for (int t0 = 0; t0 < n; t0 += kTileEdges) {
       const int tn = min(kTileEdges, n - t0);
       __syncwarp();
@@ -749,7 +753,7 @@ inline SmmfLayout smmf_launch_layout(const Launch& L, int64_t span,
                                      int warps) {
   const int HD = (int)(L.H * L.D);
   const int HD_k = L.kind == kAdd ? (int)L.H : HD;
-  return smmf_layout((int)span, (int)L.H, HD_k, (int)(L.H * L.F), HD_k,
+  return smmf_layout((int)span, (int)L.H, HD_k, (int)(L.H * L.F),
                      L.kind == kGatv2 ? HD : 0, warps,
                      L.value.element_size());
 }

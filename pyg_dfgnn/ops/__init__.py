@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from pyg_dfgnn.graph import DFGraph
+from pyg_dfgnn.ops import cuda as _cuda
 from pyg_dfgnn.ops.reference import fused_attention_reference
 
 KINDS = ('dot', 'add', 'gatv2')
@@ -107,17 +108,6 @@ def check_inputs(graph: DFGraph, kind: str, value: Tensor, query: Tensor,
 
 
 _noted = False
-_cuda_path = None
-
-
-def _cuda_module():
-    """:mod:`pyg_dfgnn.ops.cuda`, imported on first use (an import statement
-    in the hot path costs a microsecond per call)."""
-    global _cuda_path
-    if _cuda_path is None:
-        from pyg_dfgnn.ops import cuda
-        _cuda_path = cuda
-    return _cuda_path
 
 
 def _note_reference_path() -> None:
@@ -178,7 +168,6 @@ def fused_attention(
     plain = (edge_score is None and edge_key is None and edge_value is None
              and drop == 0.0 and not return_attention)
     if plain and value.is_cuda:
-        _cuda = _cuda_module()
         if _cuda.available():
             return _cuda.fused_attention_cuda(graph, kind, value, query, key,
                                               att, scale, negative_slope)
