@@ -1,13 +1,17 @@
 """Times the fused backward (``fused_attention_bwd``) on the anchor graphs.
 
     python benchmarks/bench_backward.py [--graphs pattern mnist ...]
-        [--dtypes float32 bfloat16] [--json out.json]
+        [--dtypes float32 bfloat16] [--plain] [--json out.json]
 
 Prints one row per (graph, kind, dtype, H x F): forward ms (the forward
 kernels, when registered), backward ms (median of CUDA-event timings after
 warm-up), and the backward's HBM floor (each input read once, each gradient
-written once) for scale. Graphs are generated on the GPU with the anchors'
-shapes (benchmarks/../shared/anchors.md); nothing is downloaded.
+written once) for scale. Both ops get the graph's row windows and the
+backward its column windows (``DFGraph.row_windows`` / ``col_windows`` with
+the capacities of :mod:`pyg_dfgnn.ops.cuda`), as the autograd path does for
+SMMF; ``--plain`` passes none (fixed / plain blocks). Graphs are generated
+on the GPU with the anchors' shapes (benchmarks/../shared/anchors.md);
+nothing is downloaded.
 """
 import argparse
 import json
@@ -78,12 +82,13 @@ def time_ms(fn, reps=20, warmup=3):
 
 
 def floor_us(kind, n_src, n_dst, E, H, F, es, bw=4.16e12):
-    """Each of q, k, v, out, dO read once, dq, dk, dv written once, plus the
-    CSR + CSC index arrays (int32) twice."""
+    """Each of q, k, v, dO, lse read once, dq, dk, dv written once, plus the
+    index arrays col, csc_row, csc_perm (int32) and rowptr, colptr once (the
+    transient [E, H, 2] fp32 buffer between the passes is not counted)."""
     D = 1 if kind == 'add' else F
-    reads = (n_dst * H * (D + 2 * F) + n_src * H * (D + F)) * es
+    reads = (n_dst * H * (D + F) + n_src * H * (D + F)) * es + n_dst * H * 4
     writes = (n_dst * H * D + n_src * H * (D + F)) * es
-    idx = 2 * E * 4 + 2 * (n_src + n_dst) * 8
+    idx = 3 * E * 4 + 2 * (n_src + n_dst) * 8
     return (reads + writes + idx) / bw * 1e6
 
 
@@ -96,10 +101,12 @@ def main():
     ap.add_argument('--heads', nargs='+', default=['1x128', '4x32'])
     ap.add_argument('--reps', type=int, default=20)
     ap.add_argument('--json', default=None)
+    ap.add_argument('--plain', action='store_true',
+                    help='no row / column windows (plain blocks)')
     args = ap.parse_args()
 
-    from pyg_dfgnn.ops import _loader
-    if not _loader.load_kernels():
+    from pyg_dfgnn.ops import cuda
+    if not cuda.available():
         sys.exit('kernels unavailable')
     ops = torch.ops.pyg_dfgnn
     dev = torch.device('cuda')
@@ -108,7 +115,7 @@ def main():
     for gname in args.graphs:
         ei, n = GRAPHS[gname](dev, gen)
         graph = DFGraph.from_edge_index(ei, num_nodes=n)
-        colptr, csc_row, _ = graph.csc()
+        colptr, csc_row, csc_perm = graph.csc()
         E = graph.num_edges
         max_deg = int(graph.max_in_degree)
         for kind in args.kinds:
@@ -128,11 +135,17 @@ def main():
                                math.sqrt(F) if kind == 'gatv2' else None)
                     scale = 1 / math.sqrt(F)
                     kid = KINDS[kind]
+                    win, span, cwin, cspan = None, 0, None, 0
+                    if not args.plain:
+                        win, span = graph.row_windows(
+                            cuda._stage_capacity(kind, q, v))
+                        cwin, cspan = graph.col_windows(
+                            cuda._col_stage_capacity(kind, q, v))
 
                     def fwd():
                         return ops.fused_attention_fwd(
                             graph.rowptr, graph.col, kid, q, k, v, att, scale,
-                            0.2, 0, max_deg)
+                            0.2, 0, max_deg, win, span)
                     try:
                         out, lse = fwd()
                         fwd_ms = time_ms(fwd, args.reps)
@@ -146,11 +159,13 @@ def main():
                     def bwd():
                         return ops.fused_attention_bwd(
                             dout, graph.rowptr, graph.col, colptr, csc_row,
-                            kid, q, k, v, att, out, lse, scale, 0.2)
+                            csc_perm, kid, q, k, v, att, lse, scale, 0.2, win,
+                            span, cwin, cspan)
                     bwd_ms = time_ms(bwd, args.reps)
                     fl = floor_us(kind, n, n, E, H, F, v.element_size())
                     row = dict(graph=gname, kind=kind, dtype=dname, H=H, F=F,
                                nodes=n, edges=E, max_in_degree=max_deg,
+                               stage_span=span, col_stage_span=cspan,
                                fwd_ms=fwd_ms, bwd_ms=bwd_ms,
                                fwd_bwd_ms=fwd_ms + bwd_ms, bwd_floor_us=fl)
                     rows.append(row)

@@ -5,16 +5,12 @@
 // call, more than the kernels of a small graph take.
 //
 // Forward: fused_attention_fwd below autograd -> (out, lse). Backward:
-// fused_attention_bwd, reading out and lse (lse is non-differentiable).
-// The graph tensors (rowptr, col, colptr, csc_row) never require grad and
-// are kept in saved_data (no version tracking: the graph is immutable).
-// colptr / csc_row may be None when no backward is expected; a backward then
-// raises.
-//
-// In-place edits of the result: the backward reads `out`, so when a node is
-// recorded the caller gets a copy (one [N_dst, H, F] copy kernel) and the
-// node saves the original, which nobody else can reach. Without a node (no
-// grad mode or no input requiring grad) `out` is returned as it is.
+// fused_attention_bwd, reading the inputs and lse only (lse is
+// non-differentiable), so the output is returned as it is and may be edited
+// in place. The graph tensors (rowptr, col, colptr, csc_row, csc_perm,
+// windows) never require grad and are kept in saved_data (no version
+// tracking: the graph is immutable). colptr / csc_row / csc_perm may be None
+// when no backward is expected; a backward then raises.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -45,20 +41,18 @@ fwd_op() {
   return op;
 }
 
-const c10::TypedOperatorHandle<std::tuple<Tensor, Tensor, Tensor, Tensor>(
+using BwdSig = std::tuple<Tensor, Tensor, Tensor, Tensor>(
     const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-    int64_t, const Tensor&, const Tensor&, const Tensor&,
-    const c10::optional<Tensor>&, const Tensor&, const Tensor&, double,
-    double)>&
-bwd_op() {
+    const Tensor&, int64_t, const Tensor&, const Tensor&, const Tensor&,
+    const c10::optional<Tensor>&, const Tensor&, double, double,
+    const c10::optional<Tensor>&, int64_t, const c10::optional<Tensor>&,
+    int64_t);
+
+const c10::TypedOperatorHandle<BwdSig>& bwd_op() {
   static const auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("pyg_dfgnn::fused_attention_bwd", "")
-          .typed<std::tuple<Tensor, Tensor, Tensor, Tensor>(
-              const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-              const Tensor&, int64_t, const Tensor&, const Tensor&,
-              const Tensor&, const c10::optional<Tensor>&, const Tensor&,
-              const Tensor&, double, double)>();
+          .typed<BwdSig>();
   return op;
 }
 
@@ -68,6 +62,7 @@ struct GraphArgs {
   const Tensor& col;
   const c10::optional<Tensor>& colptr;
   const c10::optional<Tensor>& csc_row;
+  const c10::optional<Tensor>& csc_perm;
   int64_t kind;
   double scale;
   double negative_slope;
@@ -75,6 +70,8 @@ struct GraphArgs {
   int64_t max_in_degree;
   const c10::optional<Tensor>& windows;
   int64_t stage_nodes;
+  const c10::optional<Tensor>& col_windows;
+  int64_t col_stage_nodes;
 };
 
 class FusedAttention : public torch::autograd::Function<FusedAttention> {
@@ -91,24 +88,31 @@ class FusedAttention : public torch::autograd::Function<FusedAttention> {
         g.negative_slope, g.strategy, g.max_in_degree, g.windows,
         g.stage_nodes);
     ctx->save_for_backward(
-        {query, key, value, att.has_value() ? *att : Tensor(), out, lse});
+        {query, key, value, att.has_value() ? *att : Tensor(), lse});
     auto& data = ctx->saved_data;
     data["rowptr"] = g.rowptr;
     data["col"] = g.col;
     data["colptr"] = g.colptr;
     data["csc_row"] = g.csc_row;
+    data["csc_perm"] = g.csc_perm;
     data["kind"] = g.kind;
     data["scale"] = g.scale;
     data["negative_slope"] = g.negative_slope;
+    data["windows"] = g.windows;
+    data["stage_nodes"] = g.stage_nodes;
+    data["col_windows"] = g.col_windows;
+    data["col_stage_nodes"] = g.col_stage_nodes;
     ctx->mark_non_differentiable({lse});
-    return {out.clone(), lse};
+    return {out, lse};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto& data = ctx->saved_data;
     auto colptr = data["colptr"].toOptional<Tensor>();
     auto csc_row = data["csc_row"].toOptional<Tensor>();
-    TORCH_CHECK(colptr.has_value() && csc_row.has_value(),
+    auto csc_perm = data["csc_perm"].toOptional<Tensor>();
+    TORCH_CHECK(colptr.has_value() && csc_row.has_value() &&
+                    csc_perm.has_value(),
                 "pyg_dfgnn: the fused op was called without gradients "
                 "enabled, so no CSC was built for its backward");
     const auto saved = ctx->get_saved_variables();
@@ -120,11 +124,13 @@ class FusedAttention : public torch::autograd::Function<FusedAttention> {
     if (!at::GradMode::is_enabled()) below.emplace();
     auto [gq, gk, gv, ga] = bwd_op().call(
         grads[0].contiguous(), data["rowptr"].toTensor(),
-        data["col"].toTensor(), *colptr, *csc_row, data["kind"].toInt(),
-        saved[0], saved[1], saved[2],
+        data["col"].toTensor(), *colptr, *csc_row, *csc_perm,
+        data["kind"].toInt(), saved[0], saved[1], saved[2],
         has_att ? c10::optional<Tensor>(att) : c10::nullopt, saved[4],
-        saved[5], data["scale"].toDouble(),
-        data["negative_slope"].toDouble());
+        data["scale"].toDouble(), data["negative_slope"].toDouble(),
+        data["windows"].toOptional<Tensor>(), data["stage_nodes"].toInt(),
+        data["col_windows"].toOptional<Tensor>(),
+        data["col_stage_nodes"].toInt());
     // One entry per forward argument (GraphArgs last); undefined = no grad.
     return {ctx->needs_input_grad(0) ? gq : Tensor(),
             ctx->needs_input_grad(1) ? gk : Tensor(),
@@ -143,11 +149,14 @@ c10::optional<Tensor> contiguous(const c10::optional<Tensor>& t) {
 std::tuple<Tensor, Tensor> fused_attention_cuda(
     const Tensor& rowptr, const Tensor& col,
     const c10::optional<Tensor>& /*colptr*/,
-    const c10::optional<Tensor>& /*csc_row*/, int64_t kind,
+    const c10::optional<Tensor>& /*csc_row*/,
+    const c10::optional<Tensor>& /*csc_perm*/, int64_t kind,
     const Tensor& query, const Tensor& key, const Tensor& value,
     const c10::optional<Tensor>& att, double scale, double negative_slope,
     int64_t strategy, int64_t max_in_degree,
-    const c10::optional<Tensor>& windows, int64_t stage_nodes) {
+    const c10::optional<Tensor>& windows, int64_t stage_nodes,
+    const c10::optional<Tensor>& /*col_windows*/,
+    int64_t /*col_stage_nodes*/) {
   return fused_attention_fwd_cuda(
       rowptr, col, kind, query.contiguous(), key.contiguous(),
       value.contiguous(), contiguous(att), scale, negative_slope, strategy,
@@ -157,10 +166,11 @@ std::tuple<Tensor, Tensor> fused_attention_cuda(
 std::tuple<Tensor, Tensor> fused_attention_autograd(
     const Tensor& rowptr, const Tensor& col,
     const c10::optional<Tensor>& colptr, const c10::optional<Tensor>& csc_row,
-    int64_t kind, const Tensor& query_in, const Tensor& key_in,
+    const c10::optional<Tensor>& csc_perm, int64_t kind, const Tensor& query_in, const Tensor& key_in,
     const Tensor& value_in, const c10::optional<Tensor>& att_in, double scale,
     double negative_slope, int64_t strategy, int64_t max_in_degree,
-    const c10::optional<Tensor>& windows, int64_t stage_nodes) {
+    const c10::optional<Tensor>& windows, int64_t stage_nodes,
+    const c10::optional<Tensor>& col_windows, int64_t col_stage_nodes) {
   const Tensor query = query_in.contiguous(), key = key_in.contiguous(),
                value = value_in.contiguous();
   const c10::optional<Tensor> att = contiguous(att_in);
@@ -176,8 +186,9 @@ std::tuple<Tensor, Tensor> fused_attention_autograd(
   }
   auto outs = FusedAttention::apply(
       query, key, value, att,
-      GraphArgs{rowptr, col, colptr, csc_row, kind, scale, negative_slope,
-                strategy, max_in_degree, windows, stage_nodes});
+      GraphArgs{rowptr, col, colptr, csc_row, csc_perm, kind, scale,
+                negative_slope, strategy, max_in_degree, windows, stage_nodes,
+                col_windows, col_stage_nodes});
   return {outs[0], outs[1]};
 }
 
@@ -186,10 +197,11 @@ std::tuple<Tensor, Tensor> fused_attention_autograd(
 TORCH_LIBRARY_FRAGMENT(pyg_dfgnn, m) {
   m.def(
       "fused_attention(Tensor rowptr, Tensor col, Tensor? colptr, "
-      "Tensor? csc_row, int kind, Tensor query, Tensor key, Tensor value, "
-      "Tensor? att, float scale, float negative_slope, int strategy, "
-      "int max_in_degree, Tensor? windows, int stage_nodes) "
-      "-> (Tensor, Tensor)");
+      "Tensor? csc_row, Tensor? csc_perm, int kind, Tensor query, "
+      "Tensor key, Tensor value, Tensor? att, float scale, "
+      "float negative_slope, int strategy, int max_in_degree, "
+      "Tensor? windows, int stage_nodes, Tensor? col_windows, "
+      "int col_stage_nodes) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(pyg_dfgnn, CUDA, m) {

@@ -28,6 +28,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
+
+#include "ops.h"
 
 namespace pyg_dfgnn {
 
@@ -156,6 +159,107 @@ __device__ __forceinline__ float warp_max(float v) {
 __device__ __forceinline__ float group_sum(float v, int group) {
   for (int o = group >> 1; o > 0; o >>= 1)
     v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+}
+
+// ------------------------------------------------------------ row tiles
+// (shared by the forward and backward row kernels)
+// fp32 values from shared memory, 16 bytes at a time when VW % 4 == 0.
+template <int VW>
+__device__ __forceinline__ void load_smem(const float* p, float (&x)[VW]) {
+  if constexpr (VW % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < VW; i += 4) {
+      const float4 t = *reinterpret_cast<const float4*>(p + i);
+      x[i] = t.x, x[i + 1] = t.y, x[i + 2] = t.z, x[i + 3] = t.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < VW; ++i) x[i] = p[i];
+  }
+}
+
+// Partial score of one (edge, head) item over this lane's share of D.
+template <int KIND, typename T, int VW>
+__device__ __forceinline__ float score_part(const float* q_row,
+                                            const T* k_row, const float* att,
+                                            int D, int d0, int dstep,
+                                            float slope) {
+  float acc = 0.f;
+  for (int d = d0; d < D; d += dstep) {
+    float kx[VW], qx[VW];
+    load_vec<T, VW>(k_row + d, kx);
+    load_smem<VW>(q_row + d, qx);
+    if constexpr (KIND == kDot) {
+#pragma unroll
+      for (int i = 0; i < VW; ++i) acc = fmaf(qx[i], kx[i], acc);
+    } else {
+      float ax[VW];
+      load_smem<VW>(att + d, ax);
+#pragma unroll
+      for (int i = 0; i < VW; ++i)
+        acc = fmaf(ax[i], leaky_relu(qx[i] + kx[i], slope), acc);
+    }
+  }
+  return acc;
+}
+
+// Start of a feature pass: zero this lane's accumulators and find the head
+// of each of its slots (slot c0 + ls + s * group holds VW features).
+template <int VW, int SLOTS>
+__device__ __forceinline__ void begin_pass(float (&acc)[SLOTS][VW],
+                                           int (&hs)[SLOTS], int c0, int ls,
+                                           int group, int H, int F) {
+#pragma unroll
+  for (int s = 0; s < SLOTS; ++s) {
+    hs[s] = min(H - 1, (c0 + ls + s * group) * VW / F);
+#pragma unroll
+    for (int i = 0; i < VW; ++i) acc[s][i] = 0.f;
+  }
+}
+
+template <int VW, int SLOTS>
+__device__ __forceinline__ void reduce_edge_groups(float (&acc)[SLOTS][VW],
+                                                   int group) {
+  for (int o = 16; o >= group; o >>= 1) {
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s)
+#pragma unroll
+      for (int i = 0; i < VW; ++i)
+        acc[s][i] += __shfl_xor_sync(kFullMask, acc[s][i], o);
+  }
+}
+
+__host__ __device__ inline size_t align16(size_t b) {
+  return (b + 15) & ~(size_t)15;
+}
+
+// Copy n elements global -> shared (16 bytes per access when VW > 1: both
+// ends 16-byte aligned and n a multiple of VW then), 4 loads in flight per
+// thread.
+template <typename T, int VW>
+__device__ __forceinline__ void copy_to_smem(T* dst, const T* __restrict__ src,
+                                             int n) {
+  using W = typename std::conditional<(VW > 1), uint4, T>::type;
+  const W* s = reinterpret_cast<const W*>(src);
+  W* d = reinterpret_cast<W*>(dst);
+  const int nw = VW > 1 ? n / VW : n, step = blockDim.x;
+  for (int i = threadIdx.x; i < nw; i += 4 * step) {
+    W t[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      if (i + u * step < nw) t[u] = s[i + u * step];
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      if (i + u * step < nw) d[i + u * step] = t[u];
+  }
+}
+
+// Sum over aligned groups of G lanes, G in {1, 2, 4, 8}.
+__device__ __forceinline__ float group8_sum(float v, int G) {
+  if (G >= 8) v += __shfl_xor_sync(kFullMask, v, 4);
+  if (G >= 4) v += __shfl_xor_sync(kFullMask, v, 2);
+  if (G >= 2) v += __shfl_xor_sync(kFullMask, v, 1);
   return v;
 }
 

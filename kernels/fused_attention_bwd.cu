@@ -38,10 +38,13 @@ void check_shape(const at::Tensor& t, const char* name,
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 fused_attention_bwd_cuda(
     const at::Tensor& grad_out, const at::Tensor& rowptr, const at::Tensor& col,
-    const at::Tensor& colptr, const at::Tensor& csc_row, int64_t kind,
-    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-    const c10::optional<at::Tensor>& att, const at::Tensor& out,
-    const at::Tensor& lse, double scale, double negative_slope) {
+    const at::Tensor& colptr, const at::Tensor& csc_row,
+    const at::Tensor& csc_perm, int64_t kind, const at::Tensor& query,
+    const at::Tensor& key, const at::Tensor& value,
+    const c10::optional<at::Tensor>& att, const at::Tensor& lse, double scale,
+    double negative_slope, const c10::optional<at::Tensor>& windows,
+    int64_t stage_nodes, const c10::optional<at::Tensor>& col_windows,
+    int64_t col_stage_nodes) {
   using pyg_dfgnn::bwd::Args;
   TORCH_CHECK(kind >= 0 && kind <= 2, "fused_attention_bwd: unknown kind ",
               kind);
@@ -54,9 +57,9 @@ fused_attention_bwd_cuda(
                   std::make_pair(&rowptr, "rowptr"),
                   std::make_pair(&col, "col"), std::make_pair(&colptr, "colptr"),
                   std::make_pair(&csc_row, "csc_row"),
+                  std::make_pair(&csc_perm, "csc_perm"),
                   std::make_pair(&query, "query"), std::make_pair(&key, "key"),
-                  std::make_pair(&value, "value"), std::make_pair(&out, "out"),
-                  std::make_pair(&lse, "lse")})
+                  std::make_pair(&value, "value"), std::make_pair(&lse, "lse")})
     check_tensor(*p.first, p.second, dev);
   TORCH_CHECK(value.dim() == 3, "fused_attention_bwd: 'value' must be "
               "[N_src, H, F], got ", value.sizes());
@@ -68,8 +71,7 @@ fused_attention_bwd_cuda(
               "fused_attention_bwd: dtype must be float32, float16 or "
               "bfloat16 (got ", dt, ")");
   for (auto& p : {std::make_pair(&dout, "grad_out"),
-                  std::make_pair(&query, "query"), std::make_pair(&key, "key"),
-                  std::make_pair(&out, "out")})
+                  std::make_pair(&query, "query"), std::make_pair(&key, "key")})
     TORCH_CHECK(p.first->scalar_type() == dt, "fused_attention_bwd: '",
                 p.second, "' has dtype ", p.first->scalar_type(),
                 " but 'value' has ", dt);
@@ -78,8 +80,9 @@ fused_attention_bwd_cuda(
               "fused_attention_bwd: 'rowptr' and 'colptr' must be int64");
   TORCH_CHECK(col.scalar_type() == at::kInt || col.scalar_type() == at::kLong,
               "fused_attention_bwd: 'col' must be int32 or int64");
-  TORCH_CHECK(csc_row.scalar_type() == col.scalar_type(),
-              "fused_attention_bwd: 'csc_row' must have the dtype of 'col'");
+  TORCH_CHECK(csc_perm.scalar_type() == at::kInt ||
+                  csc_perm.scalar_type() == at::kLong,
+              "fused_attention_bwd: 'csc_perm' must be int32 or int64");
   TORCH_CHECK(lse.scalar_type() == at::kFloat,
               "fused_attention_bwd: 'lse' must be float32");
   TORCH_CHECK(rowptr.dim() == 1 && rowptr.size(0) >= 1 && colptr.dim() == 1 &&
@@ -88,15 +91,15 @@ fused_attention_bwd_cuda(
               "'colptr' [N_src + 1]");
   const int64_t n_dst = rowptr.size(0) - 1;
   const int64_t E = col.numel();
-  TORCH_CHECK(col.dim() == 1 && csc_row.dim() == 1 && csc_row.numel() == E,
-              "fused_attention_bwd: 'col' and 'csc_row' must be 1-D of the "
-              "same length");
+  TORCH_CHECK(col.dim() == 1 && csc_row.dim() == 1 && csc_perm.dim() == 1 &&
+                  csc_row.numel() == E && csc_perm.numel() == E,
+              "fused_attention_bwd: 'col', 'csc_row' and 'csc_perm' must be "
+              "1-D of the same length");
   check_shape(dout, "grad_out", {n_dst, H, F});
-  check_shape(out, "out", {n_dst, H, F});
   check_shape(lse, "lse", {n_dst, H});
   at::Tensor att_t;
   int64_t D = 1;
-  if (kind == pyg_dfgnn::bwd::kKindAdd) {
+  if (kind == kAdd) {
     check_shape(query, "query", {n_dst, H});
     check_shape(key, "key", {n_src, H});
   } else {
@@ -106,7 +109,7 @@ fused_attention_bwd_cuda(
     TORCH_CHECK(D >= 1, "fused_attention_bwd: D must be >= 1");
     check_shape(query, "query", {n_dst, H, D});
     check_shape(key, "key", {n_src, H, D});
-    if (kind == pyg_dfgnn::bwd::kKindGatv2) {
+    if (kind == kGatv2) {
       TORCH_CHECK(att.has_value() && att->defined(),
                   "fused_attention_bwd: kind gatv2 needs 'att'");
       att_t = *att;
@@ -116,34 +119,50 @@ fused_attention_bwd_cuda(
       check_shape(att_t, "att", {H, D});
     }
   }
+  auto check_windows = [&](const c10::optional<at::Tensor>& w,
+                           const char* name) -> at::Tensor {
+    if (!w.has_value() || !w->defined()) return at::Tensor();
+    check_tensor(*w, name, dev);
+    TORCH_CHECK(w->scalar_type() == at::kLong && w->dim() == 1 &&
+                    w->numel() >= 2,
+                "fused_attention_bwd: '", name, "' must be int64 [W + 1] "
+                "owner boundaries (DFGraph.row_windows / col_windows)");
+    return *w;
+  };
 
   const c10::cuda::CUDAGuard guard(dev);
   Args a;
   a.grad_out = dout;
   a.rowptr = rowptr;
-  a.col = col;
+  // The kernels index col / csc_row / csc_perm with one index type.
+  const bool idx64 = col.scalar_type() == at::kLong ||
+                     csc_row.scalar_type() == at::kLong ||
+                     csc_perm.scalar_type() == at::kLong;
+  const auto it = idx64 ? at::kLong : at::kInt;
+  a.col = col.to(it);
   a.colptr = colptr;
-  a.csc_row = csc_row;
+  a.csc_row = csc_row.to(it);
+  a.csc_perm = csc_perm.to(it);
   a.query = query;
   a.key = key;
   a.value = value;
   a.att = att_t;
-  a.out = out;
   a.lse = lse;
+  a.windows = check_windows(windows, "windows");
+  a.col_windows = check_windows(col_windows, "col_windows");
+  a.stage_nodes = stage_nodes;
+  a.col_stage_nodes = col_stage_nodes;
   a.kind = kind;
   a.scale = scale;
   a.slope = negative_slope;
   a.grad_query = at::empty_like(query);
   a.grad_key = at::empty_like(key);
   a.grad_value = at::empty_like(value);
-  a.drow = at::empty({n_dst, H}, value.options().dtype(at::kFloat));
   if (att_t.defined()) a.grad_att = at::empty_like(att_t);
-  if (n_dst * H > 0 || n_src * H > 0) {
-    switch (dt) {
-      case at::kFloat: pyg_dfgnn::bwd::run_bwd<float>(a); break;
-      case at::kHalf: pyg_dfgnn::bwd::run_bwd<at::Half>(a); break;
-      default: pyg_dfgnn::bwd::run_bwd<at::BFloat16>(a); break;
-    }
+  switch (dt) {
+    case at::kFloat: pyg_dfgnn::bwd::run_bwd<float>(a); break;
+    case at::kHalf: pyg_dfgnn::bwd::run_bwd<at::Half>(a); break;
+    default: pyg_dfgnn::bwd::run_bwd<at::BFloat16>(a); break;
   }
   return {a.grad_query, a.grad_key, a.grad_value, a.grad_att};
 }

@@ -1,760 +1,756 @@
-// Fused backward of the attention op: device code shared by the per-dtype
-// translation units (fused_attention_bwd*.cu), so the three dtypes compile in
-// parallel.
+// Fused backward of the attention op: device code and typed host launch,
+// instantiated per dtype by fused_attention_bwd{,_f16,_bf16}.cu (so the
+// three compile in parallel).
 //
-// Two passes, each ONE kernel doing SDDMM-recompute -> softmax-grad -> SpMM
-// (the paper's fused backward, appendix B), nothing of size E*F stored:
+//   p_ij = exp(s_ij - lse_i)   dp_ij = <dO_i, v_j>   t_ij = p_ij dp_ij
+//   D_i  = sum_j t_ij          ds_ij = p_ij (dp_ij - D_i) = t_ij - p_ij D_i
 //
-//   p_ij = exp(s_ij - lse_i)   dp_ij = <dO_i, v_j>   ds_ij = p_ij (dp_ij - D_i)
+// Rows pass (CSR, owner = destination i, one kernel): per edge the SDDMM
+// recompute of s_ij and dp_ij (two dot products), (p, t) -> ebuf [E, H]
+// (float2), and in the same sweep
+//   A_i = sum_j t_ij g_ij,  B_i = sum_j p_ij g_ij   ->   dQ_i = A_i - D_i B_i
+// with g_ij = scale k_j (dot), att * leaky'(q_i + k_j) (gatv2) or
+// leaky'(z_ij) (add: a scalar per head). D_i is summed in fp32 from the
+// same p and dp (not <dO_i, O_i> from a rounded output), and goes to drow.
+// Cols pass (CSC, owner = source j, one kernel): per edge (p, t) =
+// ebuf[csc_perm], ds = t - p D_i, then
+//   dK_j = sum_i ds_ij g_ij (g with q_i),  dV_j = sum_i p_ij dO_i,
+//   d att += ds_ij leaky(z_ij) (gatv2: per-block partials, summed by host).
+// No dot products there, no atomics anywhere: deterministic.
 //
-//   CSR pass (owner = destination i, neighbours j = col):
-//     D_i = <dO_i, O_i> (written to `drow` for the CSC pass),
-//     dot:   dQ_i = scale sum_j ds_ij k_j
-//     add:   d a_dst_i = sum_j ds_ij leaky'(z_ij)
-//     gatv2: d x_r_i = sum_j ds_ij att * leaky'(z_ij); d att += ds_ij leaky(z_ij)
-//   CSC pass (owner = source j, neighbours i = csc_row):
-//     dot:   dK_j = scale sum_i ds_ij q_i          dV_j = sum_i p_ij dO_i
-//     add:   d a_src_j = sum_i ds_ij leaky'(z_ij)  (same dV)
-//     gatv2: d x_l_j = sum_i ds_ij att * leaky'(z_ij)
+// Memory: only lse [N_dst, H] comes from the forward; ebuf is E * H * 8
+// bytes, transient, never E * F.
 //
-// Both passes are the same code: the score and dp are symmetric in (owner,
-// neighbour), so `own_a/own_b` and `nbr_a/nbr_b` just swap roles. Each owner's
-// sums are accumulated by one warp (or one block for heavy owners) in fixed
-// order: no atomics, results are deterministic.
-//
-// Lane layout of a warp: lane = (slot * HP + hp) * G + g. G lanes share one
-// (edge, head) and hold NV vectors of VEC elements each (16-byte loads when
-// VEC > 1); HP heads of the same owner side by side; S = 32 / (G * HP) slots
-// take S consecutive edges at once.
-//
-// Work split (one launch per pass, grid = (heavy + window blocks, head groups)):
-//   * window blocks: a window of `window` consecutive owners. If the
-//     neighbours of its edges span few nodes (batched small graphs), their
-//     rows are first staged in shared memory, so each edge reads them from
-//     shared memory instead of L2 (halves of the window are tried if the full
-//     span does not fit). One warp per owner.
-//   * heavy blocks: owners of degree > heavy_deg (super nodes) are done by a
-//     whole block each, warps splitting the edges, partial sums reduced in
-//     shared memory.
+// Both passes have the forward SMMF's structure: a block per graph-aligned
+// window (DFGraph.row_windows / col_windows), whose neighbour rows (K, V for
+// the rows pass; Q, dO and D for the cols pass) are staged in shared memory
+// once, or per kPlainOwners consecutive owners reading global memory; owners
+// go to warps dynamically; a warp walks its owner in chunks of kChunk edges:
+// items (edge, head) over lane groups, then the feature accumulation with
+// lanes over 16-byte vectors and edges split over lane groups. A super node
+// is one warp's long walk (no per-row limit).
 #pragma once
 
-#include <cuda_pipeline.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <algorithm>
 
 #include "common.cuh"
 
 namespace pyg_dfgnn {
 namespace bwd {
 
-constexpr int kWarps = 16;
-constexpr int kThreads = kWarps * 32;
-enum : int { kKindDot = 0, kKindAdd = 1, kKindGatv2 = 2 };
+constexpr int kChunk = 32;         // edges per chunk (items in smem)
+constexpr int kStagedWarps = 32;   // warps of a staged (windowed) block
+constexpr int kPlainWarps = 8;     // warps of a plain block
+constexpr int kPlainOwners = 16;   // owners of a plain block
+constexpr int kMaxThreads = 1024;  // -> <= 64 registers per thread
+constexpr int kMaxHeads = 128;     // item -> (edge, head) magic split
+constexpr int kUnrollRows = 4;     // neighbour rows in flight per lane
+constexpr int kUnrollCols = 2;     // (cols: two vectors per edge live)
 
-template <typename T>
-struct Params {
-  const int64_t* ptr;  // rowptr (CSR pass) / colptr (CSC pass)
-  const void* idx;     // col / csc_row, int32 or int64
-  bool idx64;
+template <typename T, typename I>
+struct BwdArgs {
+  const int64_t* __restrict__ ptr;  // rowptr (rows pass) | colptr (cols)
+  const I* __restrict__ idx;        // col | csc_row
+  const I* __restrict__ perm;       // cols: CSR edge id of each CSC entry
+  const T* __restrict__ own_a;      // rows: query | cols: key
+  const T* __restrict__ own_b;      // rows: grad_out | cols: unused
+  const T* __restrict__ nbr_a;      // rows: key | cols: query
+  const T* __restrict__ nbr_b;      // rows: value | cols: grad_out
+  const T* __restrict__ att;        // gatv2 [H, D]
+  const float* __restrict__ lse;    // [N_dst, H]
+  float* __restrict__ drow;         // [N_dst, H]: rows writes, cols reads
+  float2* __restrict__ ebuf;        // [E, H] (p, t)
+  T* __restrict__ grad_a;           // rows: grad_query | cols: grad_key
+  T* __restrict__ grad_b;           // cols: grad_value
+  float* __restrict__ att_part;     // cols, gatv2: [blocks, H * D]
   int64_t n_owner;
-  int H, D, F;         // D: score-vector length (1 for 'add')
-  int G, HP, S;        // lane layout (see top)
-  int window;          // owners per window block
-  int heavy_deg;       // owners above this degree go to heavy blocks
-  int n_heavy_blocks;  // blockIdx.x < this: heavy role
-  int64_t stage_cap;   // max staged neighbour span (nodes)
-  const T* own_a;      // CSR: query  | CSC: key
-  const T* own_b;      // CSR: dout   | CSC: value
-  const T* nbr_a;      // CSR: key    | CSC: query
-  const T* nbr_b;      // CSR: value  | CSC: dout
-  const T* out;        // CSR: forward output (for D_i)
-  const T* att;        // gatv2 [H, D]
-  const float* lse;    // [N_dst, H]
-  float* drow;         // [N_dst, H]: written by CSR, read by CSC
-  T* grad_a;           // CSR: grad_query | CSC: grad_key
-  T* grad_b;           // CSC: grad_value
-  float* att_part;     // gatv2 CSR: [gridDim.x, H, D] block partials
+  int H, D, F;      // D: score vector length (1 for 'add')
+  int item_group;   // lanes per item's dot products (power of two <= 8)
+  int group;        // lanes per owner row in the accumulation (<= 32)
   float scale, slope;
 };
 
-template <typename T, int KIND, bool CSC, int VEC, int NV>
-__global__ void __launch_bounds__(kThreads, 1)
-    attention_bwd_kernel(const Params<T> P) {
-  constexpr bool kAdd = KIND == kKindAdd;
-  constexpr bool kGat = KIND == kKindGatv2;
-  constexpr int NVV = NV * VEC;
-  extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ int64_t s_red[2 * kWarps];
-  __shared__ int64_t s_heavy[kThreads];
-  __shared__ int s_count;
+// Shared memory of a block (byte offsets, 16-byte aligned):
+// staged a rows [span][HD_k] T | staged b rows [span][HF] T |
+// cols: staged D [span][H] fp32 | att fp32 [HD_att] | block scalars |
+// per warp: rows: q [HD_k], dO [HF], lse / D / A / B [4][H], p / t / g
+//           [3][H][kChunk] fp32; cols: key row [HD_k], d att partial
+//           [HD_att], d a_src [H], p / ds [2][H][kChunk] fp32;
+//           both: neighbour and edge ids int64 [2][kChunk].
+// Rows of the per-warp scratch start 16-byte aligned (float4 reads).
+__host__ __device__ inline size_t pad4(int floats) {
+  return ((size_t)floats + 3) & ~(size_t)3;
+}
+struct BwdLayout {
+  size_t b, r, att, scalars, warps, warp_bytes, total;
+};
+__host__ __device__ inline BwdLayout bwd_layout(bool cols, int span, int H,
+                                                int HD_k, int HF, int HD_att,
+                                                int warps, size_t elem) {
+  BwdLayout L;
+  L.b = align16((size_t)span * HD_k * elem);
+  L.r = align16(L.b + (size_t)span * HF * elem);
+  L.att = align16(L.r + (cols ? (size_t)span * H * 4 : 0));
+  L.scalars = align16(L.att + (size_t)HD_att * 4);
+  L.warps = L.scalars + 16;
+  const size_t floats =
+      cols ? pad4(HD_k) + pad4(HD_att) + H + 2 * (size_t)H * kChunk
+           : pad4(HD_k) + pad4(HF) + 4 * (size_t)H + 3 * (size_t)H * kChunk;
+  L.warp_bytes = align16(floats * 4) + 2 * kChunk * sizeof(int64_t);
+  L.total = L.warps + (size_t)warps * L.warp_bytes;
+  return L;
+}
 
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int G = P.G, HP = P.HP, S = P.S, H = P.H, D = P.D, F = P.F;
-  const int g = lane % G, hp = (lane / G) % HP, slot = lane / (G * HP);
-  const int h0 = blockIdx.y * HP;
-  const int HPe = min(HP, H - h0);  // heads of this block's group
-  const int h = h0 + hp;
-  const bool hok = hp < HPe;
-  const int DA = kAdd ? 1 : D;  // stored length of the a-side vectors
-  const int64_t n_owner = P.n_owner;
-  const float dscale = KIND == kKindDot ? P.scale : 1.f;
+struct WarpScratch {
+  float* own;     // rows: query row | cols: key row (gatv2, add)
+  float* own2;    // rows: grad_out row | cols: d att partial (gatv2)
+  float* hv;      // per head: rows lse, D, A, B | cols d a_src
+  float* p;       // [H][kChunk] p (rows 'add': p * leaky')
+  float* t;       // [H][kChunk] rows: t | cols: ds (times leaky' for 'add')
+  float* g;       // [H][kChunk] rows 'add': t * leaky'
+  int64_t* j;     // [kChunk] neighbour, relative to the staged base
+  int64_t* e;     // [kChunk] cols: CSR edge id
+};
 
-  int off[NV];
-  bool okD[NV], okF[NV];
+// Lanes (sub, ls): ls over the owner's feature vectors (slot c0 + ls + s *
+// group), sub over the chunk's edges (every epar-th). `body(e, s, sl, x)`
+// gets the VW elements of slot sl of edge e's neighbour row (`ptr_of(e,
+// sl)`); UNROLL rows are loaded before they are used.
+template <typename T, int VW, int SLOTS, int UNROLL, typename PtrOf,
+          typename Body>
+__device__ __forceinline__ void for_chunk_vectors(int n, int slots, int c0,
+                                                  int group, int ls, int sub,
+                                                  PtrOf ptr_of, Body body) {
+  const int epar = kWarpSize / group;
+  int e = sub;
+  for (; e + (UNROLL - 1) * epar < n; e += UNROLL * epar) {
 #pragma unroll
-  for (int v = 0; v < NV; ++v) {
-    off[v] = (g + v * G) * VEC;
-    okD[v] = hok && off[v] < D;
-    okF[v] = hok && off[v] < F;
-  }
-  float att[NV][VEC], attacc[NV][VEC];
+    for (int s = 0; s < SLOTS; ++s) {
+      const int sl = c0 + ls + s * group;
+      if (sl < slots) {
+        float x[UNROLL][VW];
 #pragma unroll
-  for (int v = 0; v < NV; ++v)
+        for (int u = 0; u < UNROLL; ++u)
+          load_vec<T, VW>(ptr_of(e + u * epar, sl), x[u]);
 #pragma unroll
-    for (int c = 0; c < VEC; ++c) att[v][c] = attacc[v][c] = 0.f;
-  if constexpr (kGat) {
-#pragma unroll
-    for (int v = 0; v < NV; ++v)
-      if (okD[v]) load_vec<T, VEC>(P.att + (int64_t)h * D + off[v], att[v]);
-  }
-
-  auto load_idx = [&](int64_t e) -> int64_t {
-    return P.idx64 ? static_cast<const int64_t*>(P.idx)[e]
-                   : static_cast<int64_t>(static_cast<const int32_t*>(P.idx)[e]);
-  };
-  auto group_sum2 = [&](float& a, float& b) {
-    for (int o = 1; o < G; o <<= 1) {
-      a += __shfl_xor_sync(kFullMask, a, o);
-      b += __shfl_xor_sync(kFullMask, b, o);
-    }
-  };
-  auto slot_sum = [&](float (&x)[NV][VEC]) {
-    for (int o = G * HP; o < 32; o <<= 1)
-#pragma unroll
-      for (int v = 0; v < NV; ++v)
-#pragma unroll
-        for (int c = 0; c < VEC; ++c)
-          x[v][c] += __shfl_xor_sync(kFullMask, x[v][c], o);
-  };
-
-  // ---- owner state
-  float oA[NV][VEC], oB[NV][VEC], o_lse = 0.f, o_dr = 0.f;
-  auto load_owner = [&](int64_t n) {
-#pragma unroll
-    for (int v = 0; v < NV; ++v)
-#pragma unroll
-      for (int c = 0; c < VEC; ++c) oA[v][c] = oB[v][c] = 0.f;
-    o_lse = o_dr = 0.f;
-    float dr = 0.f, unused = 0.f;
-    if (hok) {
-      const int64_t r = n * H + h;
-      if constexpr (kAdd) {
-        oA[0][0] = to_float(P.own_a[r]);
-      } else {
-#pragma unroll
-        for (int v = 0; v < NV; ++v)
-          if (okD[v]) load_vec<T, VEC>(P.own_a + r * D + off[v], oA[v]);
-      }
-#pragma unroll
-      for (int v = 0; v < NV; ++v)
-        if (okF[v]) load_vec<T, VEC>(P.own_b + r * F + off[v], oB[v]);
-      if constexpr (!CSC) {
-        o_lse = P.lse[r];
-#pragma unroll
-        for (int v = 0; v < NV; ++v)
-          if (okF[v]) {
-            float o[VEC];
-            load_vec<T, VEC>(P.out + r * F + off[v], o);
-#pragma unroll
-            for (int c = 0; c < VEC; ++c) dr += oB[v][c] * o[c];
-          }
-      }
-    }
-    if constexpr (!CSC) {
-      group_sum2(dr, unused);
-      o_dr = dr;
-    }
-  };
-  // Neighbour rows of one edge (zeros when !valid).
-  struct Nbr {
-    float a[NV][VEC], b[NV][VEC], lse, dr;
-  };
-  auto fetch = [&](Nbr& n, bool valid, int64_t nb, bool staged, int64_t lo,
-                   const T* sA, const T* sB, const float* sL,
-                   const float* sR) {
-#pragma unroll
-    for (int v = 0; v < NV; ++v)
-#pragma unroll
-      for (int c = 0; c < VEC; ++c) n.a[v][c] = n.b[v][c] = 0.f;
-    n.lse = n.dr = 0.f;
-    if (!valid) return;
-    const T* pa;
-    const T* pb;
-    if (staged) {
-      const int64_t r = (nb - lo) * HPe + hp;
-      pa = sA + r * DA;
-      pb = sB + r * F;
-      if constexpr (CSC) {
-        n.lse = sL[r];
-        n.dr = sR[r];
-      }
-    } else {
-      const int64_t r = nb * H + h;
-      pa = P.nbr_a + r * DA;
-      pb = P.nbr_b + r * F;
-      if constexpr (CSC) {
-        n.lse = P.lse[r];
-        n.dr = P.drow[r];
-      }
-    }
-    if constexpr (kAdd) {
-      n.a[0][0] = to_float(pa[0]);
-    } else {
-#pragma unroll
-      for (int v = 0; v < NV; ++v)
-        if (okD[v]) load_vec<T, VEC>(pa + off[v], n.a[v]);
-    }
-#pragma unroll
-    for (int v = 0; v < NV; ++v)
-      if (okF[v]) load_vec<T, VEC>(pb + off[v], n.b[v]);
-  };
-
-  // ---- edges [beg, end): this warp takes steps base = beg + wfirst,
-  // += stride; slot `slot` takes edge base + slot. Two steps at a time (their
-  // loads in flight together, their reductions interleaved); the indices of
-  // the next two are loaded meanwhile. Neighbour rows come from shared
-  // memory (staged, node - lo) or global memory.
-  float accA[NV][VEC], accB[NV][VEC];
-  auto zero_acc = [&]() {
-#pragma unroll
-    for (int v = 0; v < NV; ++v)
-#pragma unroll
-      for (int c = 0; c < VEC; ++c) accA[v][c] = accB[v][c] = 0.f;
-  };
-  auto run_edges = [&](int64_t beg, int64_t end, int wfirst, int stride,
-                       bool staged, int64_t lo, const T* sA, const T* sB,
-                       const float* sL, const float* sR) {
-    const int64_t st2 = 2 * (int64_t)stride;
-    int64_t e0 = beg + wfirst + slot;
-    // indices of the current pair of steps, loaded one pair ahead
-    int64_t nb0 = e0 < end && hok ? load_idx(e0) : 0;
-    int64_t nb1 = e0 + stride < end && hok ? load_idx(e0 + stride) : 0;
-    for (int64_t base = beg + wfirst; base < end; base += st2, e0 += st2) {
-      const int64_t e1 = e0 + stride, f0 = e0 + st2, f1 = e1 + st2;
-      const bool vld[2] = {e0 < end && hok, e1 < end && hok};
-      const int64_t nnb0 = f0 < end && hok ? load_idx(f0) : 0;
-      const int64_t nnb1 = f1 < end && hok ? load_idx(f1) : 0;
-      Nbr n[2];
-      fetch(n[0], vld[0], nb0, staged, lo, sA, sB, sL, sR);
-      fetch(n[1], vld[1], nb1, staged, lo, sA, sB, sL, sR);
-      nb0 = nnb0;
-      nb1 = nnb1;
-      // the two steps are independent: their reductions interleave
-      float sp[2] = {0.f, 0.f}, dp[2] = {0.f, 0.f};
-      float lz[2][NV][VEC];  // gatv2: leaky(z)
-#pragma unroll
-      for (int u = 0; u < 2; ++u)
-#pragma unroll
-        for (int v = 0; v < NV; ++v)
-#pragma unroll
-          for (int c = 0; c < VEC; ++c) {
-            dp[u] += oB[v][c] * n[u].b[v][c];
-            if constexpr (KIND == kKindDot) sp[u] += oA[v][c] * n[u].a[v][c];
-            if constexpr (kGat) {
-              lz[u][v][c] = leaky_relu(oA[v][c] + n[u].a[v][c], P.slope);
-              sp[u] += att[v][c] * lz[u][v][c];
-            }
-          }
-      for (int o = 1; o < G; o <<= 1) {
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          if constexpr (!kAdd) sp[u] += __shfl_xor_sync(kFullMask, sp[u], o);
-          dp[u] += __shfl_xor_sync(kFullMask, dp[u], o);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        float sc, gz = 1.f;
-        if constexpr (KIND == kKindDot) sc = sp[u] * P.scale;
-        if constexpr (kGat) sc = sp[u];
-        if constexpr (kAdd) {
-          const float z = oA[0][0] + n[u].a[0][0];
-          sc = leaky_relu(z, P.slope);
-          gz = leaky_relu_grad(z, P.slope);
-        }
-        const float lse_i = CSC ? n[u].lse : o_lse;
-        const float dr_i = CSC ? n[u].dr : o_dr;
-        const float p = vld[u] ? expf(sc - lse_i) : 0.f;
-        const float ds = p * (dp[u] - dr_i);
-        if constexpr (kAdd) {
-          accA[0][0] += ds * gz;
-        } else {
-#pragma unroll
-          for (int v = 0; v < NV; ++v)
-#pragma unroll
-            for (int c = 0; c < VEC; ++c) {
-              if constexpr (KIND == kKindDot)
-                accA[v][c] += ds * n[u].a[v][c];
-              if constexpr (kGat) {
-                const float z = oA[v][c] + n[u].a[v][c];
-                accA[v][c] += ds * att[v][c] * leaky_relu_grad(z, P.slope);
-                if constexpr (!CSC) attacc[v][c] += ds * lz[u][v][c];
-              }
-            }
-        }
-        if constexpr (CSC) {
-#pragma unroll
-          for (int v = 0; v < NV; ++v)
-#pragma unroll
-            for (int c = 0; c < VEC; ++c) accB[v][c] += p * n[u].b[v][c];
-        }
-      }
-    }
-  };
-
-  // ---- write an owner's reduced sums (lanes of slot 0)
-  auto write_owner = [&](int64_t n, const float (&a)[NV][VEC],
-                         const float (&b)[NV][VEC]) {
-    if (slot != 0 || !hok) return;
-    const int64_t r = n * H + h;
-    if constexpr (kAdd) {
-      if (g == 0) P.grad_a[r] = from_float<T>(a[0][0]);
-    } else {
-#pragma unroll
-      for (int v = 0; v < NV; ++v)
-        if (okD[v]) {
-          float x[VEC];
-#pragma unroll
-          for (int c = 0; c < VEC; ++c) x[c] = a[v][c] * dscale;
-          store_vec<T, VEC>(P.grad_a + r * D + off[v], x);
-        }
-    }
-    if constexpr (CSC) {
-#pragma unroll
-      for (int v = 0; v < NV; ++v)
-        if (okF[v]) store_vec<T, VEC>(P.grad_b + r * F + off[v], b[v]);
-    } else {
-      if (g == 0) P.drow[r] = o_dr;
-    }
-  };
-
-  // Block-wide sum over warps of x (slot-reduced already); result in warp 0.
-  float* red = reinterpret_cast<float*>(smem);
-  const int L = G * HP;
-  auto block_sum = [&](float (&x)[NV][VEC]) {
-    if (slot == 0) {
-#pragma unroll
-      for (int v = 0; v < NV; ++v)
-#pragma unroll
-        for (int c = 0; c < VEC; ++c)
-          red[(warp * L + lane) * NVV + v * VEC + c] = x[v][c];
-    }
-    __syncthreads();
-    if (warp == 0 && slot == 0) {
-#pragma unroll
-      for (int v = 0; v < NV; ++v)
-#pragma unroll
-        for (int c = 0; c < VEC; ++c) {
-          float t = 0.f;
-          for (int w = 0; w < kWarps; ++w)
-            t += red[(w * L + lane) * NVV + v * VEC + c];
-          x[v][c] = t;
-        }
-    }
-    __syncthreads();
-  };
-
-  const int nhb = P.n_heavy_blocks;
-  if ((int)blockIdx.x < nhb) {
-    // ================= heavy role: owners of degree > heavy_deg
-    for (int64_t base = 0; base < n_owner; base += (int64_t)kThreads * nhb) {
-      if (tid == 0) s_count = 0;
-      __syncthreads();
-      const int64_t n = base + (int64_t)tid * nhb + blockIdx.x;
-      if (n < n_owner && P.ptr[n + 1] - P.ptr[n] > P.heavy_deg)
-        s_heavy[atomicAdd(&s_count, 1)] = n;
-      __syncthreads();
-      const int cnt = s_count;
-      for (int t = 0; t < cnt; ++t) {
-        const int64_t o = s_heavy[t];
-        load_owner(o);
-        zero_acc();
-        run_edges(P.ptr[o], P.ptr[o + 1], warp * S, kWarps * S, false, 0,
-                  nullptr, nullptr, nullptr, nullptr);
-        slot_sum(accA);
-        block_sum(accA);
-        if constexpr (CSC) {
-          slot_sum(accB);
-          block_sum(accB);
-        }
-        if (warp == 0) write_owner(o, accA, accB);
-      }
-      __syncthreads();  // s_heavy / s_count reuse
-    }
-  } else {
-    // ================= window role
-    const int64_t R = P.window;
-    const int64_t nwb = gridDim.x - nhb;
-    // Neighbour span [lo, hi] of owners [a, b); lo = -1 unless it is worth
-    // staging (fits shared memory and is smaller than the edge count).
-    // Neighbour span [lo, hi] of owners [a, b) (lo > hi when unknown:
-    // no edges, or a heavy owner in the range, whose edges are not scanned).
-    // Returns whether staging it pays: it fits shared memory and is
-    // smaller than the edge count.
-    auto span = [&](int64_t a, int64_t b, int64_t& lo, int64_t& hi) {
-      lo = INT64_MAX;
-      hi = -1;
-      const int64_t e0 = P.ptr[a], nE = P.ptr[b] - e0;
-      const int64_t scan_end = nE > (b - a) * P.heavy_deg ? e0 : e0 + nE;
-      for (int64_t e = e0 + tid; e < scan_end; e += 4 * kThreads) {
-        int64_t x[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-          x[u] = e + u * kThreads < scan_end ? load_idx(e + u * kThreads)
-                                             : int64_t(-1);
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-          if (x[u] >= 0) {
-            lo = min(lo, x[u]);
-            hi = max(hi, x[u]);
-          }
-      }
-      for (int o = 16; o; o >>= 1) {
-        lo = min(lo, (int64_t)__shfl_xor_sync(kFullMask, lo, o));
-        hi = max(hi, (int64_t)__shfl_xor_sync(kFullMask, hi, o));
-      }
-      __syncthreads();  // s_red readers of the previous range are done
-      if (lane == 0) {
-        s_red[warp] = lo;
-        s_red[kWarps + warp] = hi;
-      }
-      __syncthreads();
-      lo = s_red[0];
-      hi = s_red[kWarps];
-      for (int w = 1; w < kWarps; ++w) {
-        lo = min(lo, s_red[w]);
-        hi = max(hi, s_red[kWarps + w]);
-      }
-      return hi >= lo && hi - lo + 1 <= P.stage_cap && hi - lo + 1 <= nE;
-    };
-    // Shared-memory layout of a staged span of `cnt` nodes.
-    auto carve = [&](int64_t cnt, T*& sA, T*& sB, float*& sL, float*& sR) {
-      auto up16 = [](int64_t b) { return (b + 15) & ~int64_t(15); };
-      unsigned char* p = smem;
-      sA = reinterpret_cast<T*>(p);
-      p += up16(cnt * HPe * DA * (int64_t)sizeof(T));
-      sB = reinterpret_cast<T*>(p);
-      p += up16(cnt * HPe * F * (int64_t)sizeof(T));
-      sL = reinterpret_cast<float*>(p);
-      p += up16(cnt * HPe * 4);
-      sR = reinterpret_cast<float*>(p);
-    };
-    // Copy the head group's slice (HPe * per_head elements) of nodes
-    // [lo, lo + cnt) of a [N, H, per_head] tensor, asynchronously (cp.async:
-    // the copies are all in flight at once); stage_wait() completes them.
-    auto stage = [&](const T* src, T* dst, int64_t lo, int64_t cnt,
-                     int per_head) {
-      const int64_t slice = (int64_t)HPe * per_head;
-      const int64_t row = (int64_t)H * per_head;
-      const T* base = src + lo * row + (int64_t)h0 * per_head;
-      if (VEC > 1 && per_head % VEC == 0) {
-        const int64_t svec = slice / VEC, nvec = cnt * svec;
-        if (slice == row) {  // one head group: contiguous
-          for (int64_t t = tid; t < nvec; t += kThreads)
-            __pipeline_memcpy_async(dst + t * VEC, base + t * VEC, 16);
-        } else {
-          for (int64_t t = tid; t < nvec; t += kThreads) {
-            const int64_t nd = t / svec, k = t - nd * svec;
-            __pipeline_memcpy_async(dst + t * VEC, base + nd * row + k * VEC,
-                                    16);
-          }
-        }
-      } else if constexpr (sizeof(T) == 4) {
-        for (int64_t t = tid; t < cnt * slice; t += kThreads) {
-          const int64_t nd = t / slice, k = t - nd * slice;
-          __pipeline_memcpy_async(dst + t, base + nd * row + k, 4);
-        }
-      } else {  // 2-byte elements: batches of independent loads
-        const int64_t total = cnt * slice;
-        for (int64_t t0 = tid; t0 < total; t0 += 8 * kThreads) {
-          T r[8];
-#pragma unroll
-          for (int u = 0; u < 8; ++u) {
-            const int64_t t = t0 + u * kThreads;
-            if (t < total) {
-              const int64_t nd = t / slice, k = t - nd * slice;
-              r[u] = base[nd * row + k];
-            }
-          }
-#pragma unroll
-          for (int u = 0; u < 8; ++u)
-            if (t0 + u * kThreads < total) dst[t0 + u * kThreads] = r[u];
-        }
-      }
-    };
-    auto stage_f = [&](const float* src, float* dst, int64_t lo, int64_t cnt) {
-      for (int64_t t = tid; t < cnt * HPe; t += kThreads) {
-        const int64_t nd = t / HPe, k = t - nd * HPe;
-        __pipeline_memcpy_async(dst + t, src + (lo + nd) * H + h0 + k, 4);
-      }
-    };
-    // Owners [a, b): stage their neighbours if `lo` >= 0, then one warp
-    // per owner.
-    auto run_range = [&](int64_t a, int64_t b, int64_t lo, int64_t hi) {
-      T *sA = nullptr, *sB = nullptr;
-      float *sL = nullptr, *sR = nullptr;
-      const bool staged = lo >= 0;
-      if (staged) {
-        const int64_t cnt = hi - lo + 1;
-        carve(cnt, sA, sB, sL, sR);
-        stage(P.nbr_a, sA, lo, cnt, DA);
-        stage(P.nbr_b, sB, lo, cnt, F);
-        if constexpr (CSC) {
-          stage_f(P.lse, sL, lo, cnt);
-          stage_f(P.drow, sR, lo, cnt);
-        }
-        __pipeline_commit();
-        __pipeline_wait_prior(0);
-        __syncthreads();
-      }
-      for (int64_t o = a + warp; o < b; o += kWarps) {
-        const int64_t beg = P.ptr[o], end = P.ptr[o + 1];
-        if (end - beg > P.heavy_deg) continue;  // heavy role's
-        load_owner(o);
-        zero_acc();
-        run_edges(beg, end, 0, S, staged, lo, sA, sB, sL, sR);
-        slot_sum(accA);
-        if constexpr (CSC) slot_sum(accB);
-        write_owner(o, accA, accB);
-      }
-      __syncthreads();  // shared memory free for the next range
-    };
-    for (int64_t w = (int64_t)blockIdx.x - nhb; w * R < n_owner; w += nwb) {
-      const int64_t a = w * R, b = min(a + R, n_owner);
-      int64_t lo, hi;
-      const bool fit = span(a, b, lo, hi);
-      // halves can only fit if the whole is at most twice the capacity
-      if (fit || b - a <= kWarps || hi < lo ||
-          hi - lo + 1 > 2 * P.stage_cap) {
-        run_range(a, b, fit ? lo : -1, hi);
-      } else {  // try each half on its own (window straddles two graphs)
-        const int64_t m = a + (b - a) / 2;
-        bool st = span(a, m, lo, hi);
-        run_range(a, m, st ? lo : -1, hi);
-        st = span(m, b, lo, hi);
-        run_range(m, b, st ? lo : -1, hi);
+        for (int u = 0; u < UNROLL; ++u) body(e + u * epar, s, sl, x[u]);
       }
     }
   }
-
-  if constexpr (kGat && !CSC) {
-    // d att partial of this block: sum over its warps and slots.
-    slot_sum(attacc);
-    __syncthreads();
-    block_sum(attacc);
-    if (warp == 0 && slot == 0 && hok) {
+  for (; e < n; e += epar) {
 #pragma unroll
-      for (int v = 0; v < NV; ++v)
-#pragma unroll
-        for (int c = 0; c < VEC; ++c)
-          if (off[v] + c < D)
-            P.att_part[((int64_t)blockIdx.x * H + h) * D + off[v] + c] =
-                attacc[v][c];
+    for (int s = 0; s < SLOTS; ++s) {
+      const int sl = c0 + ls + s * group;
+      if (sl < slots) {
+        float x[VW];
+        load_vec<T, VW>(ptr_of(e, sl), x);
+        body(e, s, sl, x);
+      }
     }
   }
 }
 
-}  // namespace bwd
-}  // namespace pyg_dfgnn
+// ============================================================ rows pass
+// Owners = destination rows [r_begin, r_end) taken from `next`; K / V rows
+// of source j at kb + (j - lo) * HD_k, vb + (j - lo) * HF.
+template <typename T, typename I, int KIND, int VW, int SLOTS, typename OFF>
+__device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
+                                          const WarpScratch& w, int* next,
+                                          int64_t r_begin, int64_t r_end,
+                                          const T* kb, const T* vb, int64_t lo,
+                                          const float* att) {
+  constexpr int C = kChunk;
+  const int lane = threadIdx.x % kWarpSize;
+  const int H = a.H, D = a.D, F = a.F;
+  const int HD_k = KIND == kAdd ? H : H * D;
+  const int HF = H * F;
+  const int slots = KIND == kAdd ? 0 : HD_k / VW;
+  const int group = a.group, ls = lane % group, sub = lane / group;
+  const int G = a.item_group, ng = kWarpSize / G;
+  const int gi = lane / G, lg = lane % G;
+  const unsigned h_magic = ((1u << 20) + H - 1) / H;  // it / H, H <= 128
+  float* lse_h = w.hv;
+  float* dsum = w.hv + H;
+  float* add_a = w.hv + 2 * H;
+  float* add_b = w.hv + 3 * H;
+  const int n_pass = slots > 0 ? (slots + group * SLOTS - 1) / (group * SLOTS)
+                               : 1;
 
-// ============================================================== host side
-#include <ATen/cuda/CUDAContext.h>
+  for (;;) {
+    int r = 0;
+    if (lane == 0) r = atomicAdd(next, 1);
+    r = __shfl_sync(kFullMask, r, 0);
+    const int64_t row = r_begin + r;
+    if (row >= r_end) break;
+    const int64_t elo = a.ptr[row], ehi = a.ptr[row + 1];
+    for (int i = lane; i < HD_k; i += kWarpSize)
+      w.own[i] = to_float(a.own_a[row * HD_k + i]);
+    for (int i = lane; i < HF; i += kWarpSize)
+      w.own2[i] = to_float(a.own_b[row * HF + i]);
+    for (int h = lane; h < H; h += kWarpSize) lse_h[h] = a.lse[row * H + h];
 
-namespace pyg_dfgnn {
-namespace bwd {
+    // Feature passes of group * SLOTS vectors (one unless H*D is large);
+    // each pass recomputes the items.
+    for (int pass = 0; pass < n_pass; ++pass) {
+      const int c0 = pass * group * SLOTS;
+      float acc_a[SLOTS][VW], acc_b[SLOTS][VW];
+      int hs[SLOTS];
+      begin_pass<VW, SLOTS>(acc_a, hs, c0, ls, group, H, D);
+      begin_pass<VW, SLOTS>(acc_b, hs, c0, ls, group, H, D);
+      __syncwarp();  // the previous pass has read dsum
+      for (int h = lane; h < H; h += kWarpSize)
+        dsum[h] = add_a[h] = add_b[h] = 0.f;
 
+      for (int64_t cb = elo; cb < ehi; cb += C) {
+        const int n = (int)(ehi - cb < C ? ehi - cb : C);
+        __syncwarp();
+        if (lane < n) w.j[lane] = (int64_t)a.idx[cb + lane] - lo;
+        __syncwarp();
+        // items: s_ij and dp_ij, two per lane group in flight; the trip
+        // count is warp-uniform (group8_sum shuffles across groups)
+        const int n_items = n * H;
+        for (int it0 = 0; it0 < n_items; it0 += 2 * ng) {
+          float ps[2], pd[2];
+          int ie[2], ih[2];
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            const int it = it0 + u * ng + gi;
+            ps[u] = pd[u] = 0.f;
+            ie[u] = -1, ih[u] = 0;
+            if (it < n_items) {
+              const int e = (int)(((unsigned)it * h_magic) >> 20);
+              const int h = it - e * H;
+              ie[u] = e, ih[u] = h;
+              const OFF jr = (OFF)w.j[e];
+              if constexpr (KIND != kAdd)
+                ps[u] = score_part<KIND, T, VW>(
+                    w.own + h * D, kb + jr * HD_k + h * D, att + h * D, D,
+                    lg * VW, G * VW, a.slope);
+              pd[u] = score_part<kDot, T, VW>(w.own2 + h * F,
+                                              vb + jr * HF + h * F, nullptr,
+                                              F, lg * VW, G * VW, 0.f);
+            }
+          }
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            const float sp = KIND == kAdd ? 0.f : group8_sum(ps[u], G);
+            const float dp = group8_sum(pd[u], G);
+            if (lg == 0 && ie[u] >= 0) {
+              const int e = ie[u], h = ih[u];
+              float sc = sp, gz = 1.f;
+              if constexpr (KIND == kDot) sc = sp * a.scale;
+              if constexpr (KIND == kAdd) {
+                const float z =
+                    w.own[h] + to_float(kb[(OFF)w.j[e] * H + h]);
+                sc = leaky_relu(z, a.slope);
+                gz = leaky_relu_grad(z, a.slope);
+              }
+              const float p = expf(sc - lse_h[h]);
+              const float t = p * dp;
+              if (pass == 0) a.ebuf[(cb + e) * H + h] = make_float2(p, t);
+              w.t[h * C + e] = t;
+              w.p[h * C + e] = p * gz;
+              if constexpr (KIND == kAdd) w.g[h * C + e] = t * gz;
+            }
+          }
+        }
+        __syncwarp();
+        // per-head sums over the chunk: D (and A, B for 'add')
+        for (int h = 0; h < H; ++h) {
+          const float ts = warp_sum(lane < n ? w.t[h * C + lane] : 0.f);
+          float as = 0.f, bs = 0.f;
+          if constexpr (KIND == kAdd) {
+            as = warp_sum(lane < n ? w.g[h * C + lane] : 0.f);
+            bs = warp_sum(lane < n ? w.p[h * C + lane] : 0.f);
+          }
+          if (lane == 0) {
+            dsum[h] += ts;
+            if constexpr (KIND == kAdd) add_a[h] += as, add_b[h] += bs;
+          }
+        }
+        // A += t g, B += p g over the chunk's K rows
+        if constexpr (KIND != kAdd) {
+          for_chunk_vectors<T, VW, SLOTS, kUnrollRows>(
+              n, slots, c0, group, ls, sub,
+              [&](int e, int sl) { return kb + (OFF)w.j[e] * HD_k + sl * VW; },
+              [&](int e, int s, int sl, const float (&x)[VW]) {
+                const float p = w.p[hs[s] * C + e], t = w.t[hs[s] * C + e];
+                if constexpr (KIND == kDot) {
+#pragma unroll
+                  for (int i = 0; i < VW; ++i) {
+                    acc_a[s][i] = fmaf(t, x[i], acc_a[s][i]);
+                    acc_b[s][i] = fmaf(p, x[i], acc_b[s][i]);
+                  }
+                } else {
+                  float qx[VW], ax[VW];
+                  load_smem<VW>(w.own + sl * VW, qx);
+                  load_smem<VW>(att + sl * VW, ax);
+#pragma unroll
+                  for (int i = 0; i < VW; ++i) {
+                    const float g =
+                        ax[i] * leaky_relu_grad(qx[i] + x[i], a.slope);
+                    acc_a[s][i] = fmaf(t, g, acc_a[s][i]);
+                    acc_b[s][i] = fmaf(p, g, acc_b[s][i]);
+                  }
+                }
+              });
+        }
+      }
+      __syncwarp();  // dsum complete
+      if constexpr (KIND != kAdd) {
+        reduce_edge_groups<VW, SLOTS>(acc_a, group);
+        reduce_edge_groups<VW, SLOTS>(acc_b, group);
+        if (sub == 0) {
+          const float gscale = KIND == kDot ? a.scale : 1.f;
+#pragma unroll
+          for (int s = 0; s < SLOTS; ++s) {
+            const int sl = c0 + ls + s * group;
+            if (sl < slots) {
+              const float d = dsum[hs[s]];
+              float x[VW];
+#pragma unroll
+              for (int i = 0; i < VW; ++i)
+                x[i] = (acc_a[s][i] - d * acc_b[s][i]) * gscale;
+              store_vec<T, VW>(a.grad_a + row * HD_k + (int64_t)sl * VW, x);
+            }
+          }
+        }
+      } else {
+        for (int h = lane; h < H; h += kWarpSize)
+          a.grad_a[row * H + h] = from_float<T>(add_a[h] - dsum[h] * add_b[h]);
+      }
+    }
+    for (int h = lane; h < H; h += kWarpSize) a.drow[row * H + h] = dsum[h];
+    __syncwarp();  // the next row overwrites this warp's scratch
+  }
+}
+
+// ============================================================ cols pass
+// Owners = source nodes [c_begin, c_end); Q / dO rows and D of destination
+// i at qb + (i - lo) * HD_k, ob + (i - lo) * HF, db + (i - lo) * H.
+template <typename T, typename I, int KIND, int VW, int SLOTS, typename OFF>
+__device__ __forceinline__ void cols_pass(const BwdArgs<T, I>& a,
+                                          const WarpScratch& w, int* next,
+                                          int64_t c_begin, int64_t c_end,
+                                          const T* qb, const T* ob,
+                                          const float* db, int64_t lo,
+                                          const float* att) {
+  constexpr int C = kChunk;
+  const int lane = threadIdx.x % kWarpSize;
+  const int H = a.H, D = a.D, F = a.F;
+  const int HD_k = KIND == kAdd ? H : H * D;
+  const int HF = H * F;
+  const int slots_k = KIND == kAdd ? 0 : HD_k / VW;
+  const int slots = slots_k + HF / VW;
+  const int group = a.group, ls = lane % group, sub = lane / group;
+  const unsigned h_magic = ((1u << 20) + H - 1) / H;
+  const int n_pass = (slots + group * SLOTS - 1) / (group * SLOTS);
+  float* add_k = w.hv;
+
+  // gatv2: owners go to warps round-robin, so that each warp's d att
+  // partial (summed over its owners) is the same in every run
+  const int warp = threadIdx.x / kWarpSize;
+  const int n_warps = blockDim.x / kWarpSize;
+  for (int k = 0;; ++k) {
+    int r = warp + k * n_warps;
+    if constexpr (KIND != kGatv2) {
+      if (lane == 0) r = atomicAdd(next, 1);
+      r = __shfl_sync(kFullMask, r, 0);
+    }
+    const int64_t col = c_begin + r;
+    if (col >= c_end) break;
+    const int64_t elo = a.ptr[col], ehi = a.ptr[col + 1];
+    if constexpr (KIND != kDot)
+      for (int i = lane; i < HD_k; i += kWarpSize)
+        w.own[i] = to_float(a.own_a[col * HD_k + i]);
+    for (int h = lane; h < H; h += kWarpSize) add_k[h] = 0.f;
+
+    for (int pass = 0; pass < n_pass; ++pass) {
+      const int c0 = pass * group * SLOTS;
+      float acc[SLOTS][VW], lacc[SLOTS][VW];  // lacc: gatv2 d att
+      int hs[SLOTS];
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s) {
+        const int sl = c0 + ls + s * group;
+        hs[s] = sl < slots_k ? min(H - 1, sl * VW / D)
+                             : min(H - 1, (sl - slots_k) * VW / F);
+#pragma unroll
+        for (int i = 0; i < VW; ++i) acc[s][i] = lacc[s][i] = 0.f;
+      }
+      for (int64_t cb = elo; cb < ehi; cb += C) {
+        const int n = (int)(ehi - cb < C ? ehi - cb : C);
+        __syncwarp();
+        if (lane < n) {
+          w.j[lane] = (int64_t)a.idx[cb + lane] - lo;
+          w.e[lane] = (int64_t)a.perm[cb + lane];
+        }
+        __syncwarp();
+        for (int it = lane; it < n * H; it += kWarpSize) {
+          const int e = (int)(((unsigned)it * h_magic) >> 20), h = it - e * H;
+          const float2 pt = a.ebuf[w.e[e] * H + h];
+          const OFF ir = (OFF)w.j[e];
+          float ds = pt.y - pt.x * db[ir * H + h];
+          if constexpr (KIND == kAdd)
+            ds *= leaky_relu_grad(w.own[h] + to_float(qb[ir * H + h]),
+                                  a.slope);
+          w.p[h * C + e] = pt.x;
+          w.t[h * C + e] = ds;
+        }
+        __syncwarp();
+        if constexpr (KIND == kAdd) {
+          if (pass == 0)
+            for (int h = 0; h < H; ++h) {
+              const float s = warp_sum(lane < n ? w.t[h * C + lane] : 0.f);
+              if (lane == 0) add_k[h] += s;
+            }
+        }
+        // dK += ds g (slots < slots_k), dV += p dO (the rest)
+        for_chunk_vectors<T, VW, SLOTS, kUnrollCols>(
+            n, slots, c0, group, ls, sub,
+            [&](int e, int sl) {
+              return sl < slots_k
+                         ? qb + (OFF)w.j[e] * HD_k + sl * VW
+                         : ob + (OFF)w.j[e] * HF + (sl - slots_k) * VW;
+            },
+            [&](int e, int s, int sl, const float (&x)[VW]) {
+              if (sl < slots_k) {
+                const float ds = w.t[hs[s] * C + e];
+                if constexpr (KIND == kDot) {
+#pragma unroll
+                  for (int i = 0; i < VW; ++i)
+                    acc[s][i] = fmaf(ds, x[i], acc[s][i]);
+                } else if constexpr (KIND == kGatv2) {
+                  float kx[VW], ax[VW];
+                  load_smem<VW>(w.own + sl * VW, kx);
+                  load_smem<VW>(att + sl * VW, ax);
+#pragma unroll
+                  for (int i = 0; i < VW; ++i) {
+                    const float z = kx[i] + x[i];
+                    acc[s][i] = fmaf(ds * ax[i],
+                                     leaky_relu_grad(z, a.slope), acc[s][i]);
+                    lacc[s][i] = fmaf(ds, leaky_relu(z, a.slope), lacc[s][i]);
+                  }
+                }
+              } else {
+                const float p = w.p[hs[s] * C + e];
+#pragma unroll
+                for (int i = 0; i < VW; ++i) acc[s][i] = fmaf(p, x[i], acc[s][i]);
+              }
+            });
+      }
+      reduce_edge_groups<VW, SLOTS>(acc, group);
+      if constexpr (KIND == kGatv2) reduce_edge_groups<VW, SLOTS>(lacc, group);
+      if (sub == 0) {
+        const float gscale = KIND == kDot ? a.scale : 1.f;
+#pragma unroll
+        for (int s = 0; s < SLOTS; ++s) {
+          const int sl = c0 + ls + s * group;
+          if (sl < slots_k) {
+#pragma unroll
+            for (int i = 0; i < VW; ++i) acc[s][i] *= gscale;
+            store_vec<T, VW>(a.grad_a + col * HD_k + (int64_t)sl * VW, acc[s]);
+            if constexpr (KIND == kGatv2)
+#pragma unroll
+              for (int i = 0; i < VW; ++i) w.own2[sl * VW + i] += lacc[s][i];
+          } else if (sl < slots) {
+            store_vec<T, VW>(
+                a.grad_b + col * HF + (int64_t)(sl - slots_k) * VW, acc[s]);
+          }
+        }
+      }
+    }
+    __syncwarp();  // add_k complete
+    if constexpr (KIND == kAdd)
+      for (int h = lane; h < H; h += kWarpSize)
+        a.grad_a[col * H + h] = from_float<T>(add_k[h]);
+    __syncwarp();  // the next owner overwrites this warp's scratch
+  }
+}
+
+// ============================================================ the kernel
+// A block owns owners `windows[b] .. windows[b + 1]` (graph-aligned windows)
+// or kPlainOwners consecutive owners. With stage_span > 0 a window whose
+// neighbours [lo, hi] number <= stage_span has their rows staged in shared
+// memory once (reused by every edge of the window).
+template <typename T, typename I, int KIND, bool VEC, bool COLS>
+__global__ void __launch_bounds__(kMaxThreads)
+    bwd_kernel(BwdArgs<T, I> a, const int64_t* __restrict__ windows,
+               int stage_span) {
+  constexpr int VW = VEC ? Vec<T>::kWidth : 1;
+  // Accumulated floats per lane: rows 2 x SLOTS x VW (A, B); cols SLOTS x
+  // VW, twice for gatv2 (d att). About 8 of them keep the kernels within 64
+  // registers without spills.
+  constexpr int kFloats = (!COLS || KIND == kGatv2) ? 4 : 8;
+  constexpr int SLOTS =
+      VEC ? (kFloats / VW > 1 ? kFloats / VW : 1) : kFloats / 2;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int H = a.H, D = a.D;
+  const int HD_k = KIND == kAdd ? H : H * D;
+  const int HF = H * a.F;
+  const int HD_att = KIND == kGatv2 ? H * D : 0;
+  const int n_warps = blockDim.x / kWarpSize;
+  const BwdLayout L =
+      bwd_layout(COLS, stage_span, H, HD_k, HF, HD_att, n_warps, sizeof(T));
+  T* s_a = reinterpret_cast<T*>(smem);
+  T* s_b = reinterpret_cast<T*>(smem + L.b);
+  float* s_r = reinterpret_cast<float*>(smem + L.r);
+  float* s_att = reinterpret_cast<float*>(smem + L.att);
+  int* s_next = reinterpret_cast<int*>(smem + L.scalars);
+  int* s_lo = s_next + 1;  // [lo, hi] of the window's neighbours
+
+  const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
+  int64_t o_begin, o_end;
+  if (windows != nullptr) {
+    o_begin = windows[blockIdx.x];
+    o_end = windows[blockIdx.x + 1];
+  } else {
+    o_begin = (int64_t)blockIdx.x * kPlainOwners;
+    o_end = o_begin + kPlainOwners < a.n_owner ? o_begin + kPlainOwners
+                                               : a.n_owner;
+  }
+  if (tid == 0) {
+    s_next[0] = 0;
+    s_lo[0] = INT32_MAX;
+    s_lo[1] = -1;
+  }
+  if constexpr (KIND == kGatv2)
+    for (int i = tid; i < HD_att; i += blockDim.x) s_att[i] = to_float(a.att[i]);
+
+  bool staged = false;
+  int src_lo = 0;
+  if (stage_span > 0) {  // int32 indices only (host)
+    __syncthreads();
+    const int64_t e0 = a.ptr[o_begin], e1 = a.ptr[o_end];
+    int mn = INT32_MAX, mx = -1;
+    for (int64_t e = e0 + tid; e < e1; e += blockDim.x) {
+      const int j = (int)a.idx[e];
+      mn = j < mn ? j : mn;
+      mx = j > mx ? j : mx;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      mn = min(mn, __shfl_xor_sync(kFullMask, mn, o));
+      mx = max(mx, __shfl_xor_sync(kFullMask, mx, o));
+    }
+    if (lane == 0) {
+      atomicMin(&s_lo[0], mn);
+      atomicMax(&s_lo[1], mx);
+    }
+    __syncthreads();
+    const int n_nbr = s_lo[1] - s_lo[0] + 1;
+    if (s_lo[1] >= 0 && n_nbr <= stage_span) {
+      staged = true;
+      src_lo = s_lo[0];
+      copy_to_smem<T, (KIND == kAdd ? 1 : VW)>(
+          s_a, a.nbr_a + (int64_t)src_lo * HD_k, n_nbr * HD_k);
+      copy_to_smem<T, VW>(s_b, a.nbr_b + (int64_t)src_lo * HF, n_nbr * HF);
+      if constexpr (COLS)
+        copy_to_smem<float, 1>(s_r, a.drow + (int64_t)src_lo * H, n_nbr * H);
+    }
+  }
+
+  unsigned char* base = smem + L.warps + warp * L.warp_bytes;
+  float* f = reinterpret_cast<float*>(base);
+  WarpScratch w;
+  w.own = f;
+  if constexpr (COLS) {
+    w.own2 = w.own + pad4(HD_k);
+    w.hv = w.own2 + pad4(HD_att);
+    w.p = w.hv + H;
+    w.t = w.p + H * kChunk;
+    w.g = nullptr;
+    for (int i = lane; i < HD_att; i += kWarpSize) w.own2[i] = 0.f;
+  } else {
+    w.own2 = w.own + pad4(HD_k);
+    w.hv = w.own2 + pad4(HF);
+    w.p = w.hv + 4 * H;
+    w.t = w.p + H * kChunk;
+    w.g = w.t + H * kChunk;
+  }
+  w.j = reinterpret_cast<int64_t*>(base + L.warp_bytes -
+                                   2 * kChunk * sizeof(int64_t));
+  w.e = w.j + kChunk;
+  __syncthreads();
+
+  if constexpr (COLS) {
+    if (staged)
+      cols_pass<T, I, KIND, VW, SLOTS, int>(a, w, s_next, o_begin, o_end, s_a,
+                                            s_b, s_r, src_lo, s_att);
+    else
+      cols_pass<T, I, KIND, VW, SLOTS, int64_t>(a, w, s_next, o_begin, o_end,
+                                                a.nbr_a, a.nbr_b, a.drow, 0,
+                                                s_att);
+    if constexpr (KIND == kGatv2) {
+      // d att partial of this block: warps summed in a fixed order
+      __syncthreads();
+      for (int i = tid; i < HD_att; i += blockDim.x) {
+        float sum = 0.f;
+        for (int k = 0; k < n_warps; ++k)
+          sum += reinterpret_cast<const float*>(
+              smem + L.warps + k * L.warp_bytes)[pad4(HD_k) + i];
+        a.att_part[(int64_t)blockIdx.x * HD_att + i] = sum;
+      }
+    }
+  } else {
+    if (staged)
+      rows_pass<T, I, KIND, VW, SLOTS, int>(a, w, s_next, o_begin, o_end, s_a,
+                                            s_b, src_lo, s_att);
+    else
+      rows_pass<T, I, KIND, VW, SLOTS, int64_t>(a, w, s_next, o_begin, o_end,
+                                                a.nbr_a, a.nbr_b, 0, s_att);
+  }
+}
+
+// ============================================================ host side
 // Everything the typed host code needs (tensors already checked).
 struct Args {
-  at::Tensor grad_out, rowptr, col, colptr, csc_row, query, key, value, att,
-      out, lse;
-  int64_t kind;
+  at::Tensor grad_out, rowptr, col, colptr, csc_row, csc_perm, query, key,
+      value, att, lse, windows, col_windows;
+  int64_t kind, stage_nodes, col_stage_nodes;
   double scale, slope;
   // outputs, allocated by the caller
-  at::Tensor grad_query, grad_key, grad_value, drow, grad_att;
+  at::Tensor grad_query, grad_key, grad_value, grad_att;
 };
 
 template <typename T> void run_bwd(Args& a);
 
 namespace detail {
 
-struct Layout {
-  int VEC, NV, G, HP, S, HG;
-};
-
-// Lanes per (edge, head) G, vectors per lane NV: about 8 elements per lane
-// and vector (16-byte loads, few registers), more lanes for wide rows.
-inline Layout choose_layout(int elem_bytes, bool vec_ok, int H, int DA,
-                            int F) {
-  Layout l;
-  l.VEC = vec_ok ? 16 / elem_bytes : 1;
-  const int C = (std::max(DA, F) + l.VEC - 1) / l.VEC;  // vectors per row
-  const int nv_small = std::max(1, 8 / l.VEC);
-  l.NV = (C + nv_small - 1) / nv_small <= 32 ? nv_small : 8;
-  const int need = (C + l.NV - 1) / l.NV;
-  TORCH_CHECK(need <= 32, "fused_attention_bwd: feature size ",
-              std::max(DA, F), " is larger than the CUDA kernels support (",
-              32 * 8 * l.VEC, " for this dtype/alignment)");
-  l.G = next_pow2(need);
-  l.HP = std::min(next_pow2(H), 32 / l.G);
-  l.S = 32 / (l.G * l.HP);
-  l.HG = (H + l.HP - 1) / l.HP;
-  return l;
-}
-
-template <typename T, int KIND, bool CSC, int VEC, int NV>
-void launch_pass(Params<T> P, const Layout& l, int dev, at::Tensor* att_part,
-                 const at::TensorOptions& fopt) {
-  auto kernel = attention_bwd_kernel<T, KIND, CSC, VEC, NV>;
-  cudaDeviceProp* prop = at::cuda::getDeviceProperties(dev);
-  const int64_t es = sizeof(T);
-  const int64_t HPe = std::min(l.HP, P.H);
-  const int DA = KIND == kKindAdd ? 1 : P.D;
-  const int64_t per_node = HPe * (DA + P.F) * es + (CSC ? 8 * HPe : 0);
-  const int64_t red_bytes = (int64_t)kWarps * l.G * l.HP * NV * VEC * 4;
-  const int64_t static_bytes = 8 * (2 * kWarps + kThreads) + 16;
-  const int64_t max_dyn = (int64_t)prop->sharedMemPerBlockOptin -
-                          static_bytes - 1024;
-  // The register budget (__launch_bounds__(512, 1)) already allows one block
-  // per SM: take all the shared memory for staging.
-  const int64_t smem = max_dyn;
-  TORCH_CHECK(smem >= red_bytes, "fused_attention_bwd: not enough shared "
-              "memory for this feature size");
-  P.stage_cap = std::max<int64_t>(0, (smem - 64) / per_node);
-  // Per device, once: raise the shared-memory limit, read the occupancy.
-  static int occ_cache[64] = {0};
-  int occ = dev < 64 ? occ_cache[dev] : 0;
-  if (occ == 0) {
-    if (smem > 48 * 1024)
-      C10_CUDA_CHECK(cudaFuncSetAttribute(
-          kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &occ, kernel, kThreads, (size_t)smem));
-    occ = std::max(occ, 1);
-    if (dev < 64) occ_cache[dev] = occ;
+// One pass's launch: staged windows when given (and the layout fits), else
+// plain blocks; warps halved while the per-warp scratch does not fit.
+template <typename T, typename I, int KIND, bool VEC, bool COLS>
+void launch(const BwdArgs<T, I>& args, const at::Tensor& windows,
+            int64_t stage_nodes, int optin, at::Tensor* att_part,
+            const at::TensorOptions& fopt) {
+  auto kernel = bwd_kernel<T, I, KIND, VEC, COLS>;
+  const int H = args.H, D = args.D;
+  const int HD_k = KIND == kAdd ? H : H * D, HF = H * args.F;
+  const int HD_att = KIND == kGatv2 ? H * D : 0;
+  auto total = [&](int64_t span, int warps) {
+    return bwd_layout(COLS, (int)span, H, HD_k, HF, HD_att, warps, sizeof(T))
+        .total;
+  };
+  int warps = kStagedWarps;
+  int64_t span = 0;
+  const bool windowed = std::is_same<I, int32_t>::value && windows.defined() &&
+                        stage_nodes > 0 && windows.numel() >= 2;
+  if (windowed && total(1, warps) <= (size_t)optin) {
+    const size_t base = total(0, warps), per = total(1, warps) - base;
+    span = std::min<int64_t>(stage_nodes,
+                             ((size_t)optin - base) / std::max<size_t>(per, 1));
+    while (span > 0 && total(span, warps) > (size_t)optin) --span;
   }
-  const int64_t resident = (int64_t)prop->multiProcessorCount * occ;
-  const int64_t per_y = std::max<int64_t>(1, resident / l.HG);
-  const int64_t n_win = (P.n_owner + P.window - 1) / P.window;
-  const int64_t nwb = std::max<int64_t>(1, std::min(n_win, 2 * per_y));
-  const int64_t nhb = std::max<int64_t>(
-      1, std::min((P.n_owner + kThreads - 1) / kThreads, per_y));
-  P.n_heavy_blocks = (int)nhb;
-  const dim3 grid((unsigned)(nhb + nwb), (unsigned)l.HG);
+  const bool staged = span > 0;
+  if (!staged) {
+    warps = kPlainWarps;
+    while (warps > 1 && total(0, warps) > (size_t)optin) warps /= 2;
+    TORCH_CHECK(total(0, warps) <= (size_t)optin,
+                "fused_attention_bwd: H * F = ", HF, " (H * D = ", HD_k,
+                ") needs more shared memory per warp than the device has");
+  }
+  const int64_t blocks = staged ? windows.numel() - 1
+                                : (args.n_owner + kPlainOwners - 1) /
+                                      kPlainOwners;
+  BwdArgs<T, I> a = args;
   if (att_part != nullptr) {
-    *att_part = at::empty({(int64_t)grid.x, P.H, P.D}, fopt);
-    P.att_part = att_part->data_ptr<float>();
+    *att_part = at::empty({std::max<int64_t>(blocks, 0), HD_att}, fopt);
+    a.att_part = att_part->data_ptr<float>();
   }
-  kernel<<<grid, kThreads, (size_t)smem,
-           at::cuda::getCurrentCUDAStream(dev)>>>(P);
+  if (blocks <= 0) return;
+  const size_t bytes = total(span, warps);
+  if (bytes > 48 * 1024)
+    C10_CUDA_CHECK(cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+  kernel<<<(unsigned)blocks, warps * kWarpSize, bytes,
+           c10::cuda::getCurrentCUDAStream()>>>(
+      a, staged ? windows.data_ptr<int64_t>() : nullptr, (int)span);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <typename T, int KIND, bool CSC>
-void dispatch_layout(const Params<T>& P, const Layout& l, int dev,
-                     at::Tensor* att_part, const at::TensorOptions& fopt) {
-  constexpr int V = 16 / sizeof(T);
-  constexpr int NVS = 8 / V > 1 ? 8 / V : 1;  // NV of the small layout
-  if (l.VEC == 1) {
-    TORCH_CHECK(l.NV == 8, "fused_attention_bwd: internal layout error");
-    launch_pass<T, KIND, CSC, 1, 8>(P, l, dev, att_part, fopt);
-  } else if (l.NV == NVS) {
-    launch_pass<T, KIND, CSC, V, NVS>(P, l, dev, att_part, fopt);
-  } else {
-    TORCH_CHECK(l.NV == 8, "fused_attention_bwd: internal layout error");
-    launch_pass<T, KIND, CSC, V, 8>(P, l, dev, att_part, fopt);
-  }
-}
-
-template <typename T, int KIND>
-void run_kind(Args& a, const Layout& l) {
-  const int dev = a.value.get_device();
-  const auto fopt = a.value.options().dtype(at::kFloat);
-  using DT = T;
-  auto ptr = [](const at::Tensor& t) {
+template <typename T, typename I, int KIND, bool VEC>
+void run_passes(Args& A, int optin) {
+  const int64_t n_dst = A.rowptr.size(0) - 1, n_src = A.colptr.size(0) - 1;
+  const int64_t E = A.col.numel();
+  const int H = (int)A.value.size(1), F = (int)A.value.size(2);
+  const int D = KIND == kAdd ? 1 : (int)A.query.size(2);
+  constexpr int VW = VEC ? Vec<T>::kWidth : 1;
+  const int slots_k = KIND == kAdd ? 0 : H * D / VW, slots_v = H * F / VW;
+  const auto fopt = A.value.options().dtype(at::kFloat);
+  auto ebuf = at::empty({E, H, 2}, fopt);
+  auto drow = at::empty({n_dst, H}, fopt);
+  auto ptr = [](const at::Tensor& t) -> const T* {
     return t.defined() ? t.data_ptr<T>() : nullptr;
   };
-  auto mptr = [](at::Tensor& t) { return t.data_ptr<T>(); };
-  Params<DT> P{};
-  P.H = (int)a.value.size(1);
-  P.F = (int)a.value.size(2);
-  P.D = KIND == kKindAdd ? 1 : (int)a.query.size(2);
-  P.G = l.G;
-  P.HP = l.HP;
-  P.S = l.S;
-  P.window = 2 * kWarps;
-  P.heavy_deg = 256;
-  P.att = ptr(a.att);
-  P.lse = a.lse.data_ptr<float>();
-  P.drow = a.drow.data_ptr<float>();
-  P.scale = (float)a.scale;
-  P.slope = (float)a.slope;
-  P.idx64 = a.col.scalar_type() == at::kLong;
 
-  const int64_t n_dst = a.rowptr.size(0) - 1, n_src = a.colptr.size(0) - 1;
-  // CSR pass: grad_query, D_i (and the d att partials).
-  if (n_dst > 0) {
-    Params<DT> C = P;
-    C.ptr = a.rowptr.data_ptr<int64_t>();
-    C.idx = a.col.data_ptr();
-    C.n_owner = n_dst;
-    C.own_a = ptr(a.query);
-    C.own_b = ptr(a.grad_out);
-    C.nbr_a = ptr(a.key);
-    C.nbr_b = ptr(a.value);
-    C.out = ptr(a.out);
-    C.grad_a = mptr(a.grad_query);
-    at::Tensor att_part;
-    dispatch_layout<DT, KIND, false>(C, l, dev,
-                                     KIND == kKindGatv2 ? &att_part : nullptr,
-                                     fopt);
-    if (KIND == kKindGatv2) a.grad_att.copy_(att_part.sum(0));
-  } else if (KIND == kKindGatv2) {
-    a.grad_att.zero_();
-  }
-  // CSC pass: grad_key, grad_value.
-  if (n_src > 0) {
-    Params<DT> C = P;
-    C.ptr = a.colptr.data_ptr<int64_t>();
-    C.idx = a.csc_row.data_ptr();
-    C.n_owner = n_src;
-    C.own_a = ptr(a.key);
-    C.own_b = ptr(a.value);
-    C.nbr_a = ptr(a.query);
-    C.nbr_b = ptr(a.grad_out);
-    C.grad_a = mptr(a.grad_key);
-    C.grad_b = mptr(a.grad_value);
-    dispatch_layout<DT, KIND, true>(C, l, dev, nullptr, fopt);
-  }
+  BwdArgs<T, I> a{};
+  a.att = ptr(A.att);
+  a.lse = A.lse.data_ptr<float>();
+  a.drow = drow.data_ptr<float>();
+  a.ebuf = reinterpret_cast<float2*>(ebuf.data_ptr<float>());
+  a.H = H, a.D = D, a.F = F;
+  a.item_group = std::min(8, next_pow2((std::max(D, F) + VW - 1) / VW));
+  a.scale = (float)A.scale, a.slope = (float)A.slope;
+
+  // rows pass: grad_query, D -> drow, (p, t) -> ebuf
+  BwdArgs<T, I> r = a;
+  r.ptr = A.rowptr.data_ptr<int64_t>();
+  r.idx = A.col.data_ptr<I>();
+  r.own_a = ptr(A.query);
+  r.own_b = ptr(A.grad_out);
+  r.nbr_a = ptr(A.key);
+  r.nbr_b = ptr(A.value);
+  r.grad_a = A.grad_query.data_ptr<T>();
+  r.n_owner = n_dst;
+  r.group = std::min(32, next_pow2(std::max(1, slots_k)));
+  launch<T, I, KIND, VEC, false>(r, A.windows, A.stage_nodes, optin, nullptr,
+                                 fopt);
+  // cols pass: grad_key, grad_value, d att partials
+  BwdArgs<T, I> c = a;
+  c.ptr = A.colptr.data_ptr<int64_t>();
+  c.idx = A.csc_row.data_ptr<I>();
+  c.perm = A.csc_perm.data_ptr<I>();
+  c.own_a = ptr(A.key);
+  c.nbr_a = ptr(A.query);
+  c.nbr_b = ptr(A.grad_out);
+  c.grad_a = A.grad_key.data_ptr<T>();
+  c.grad_b = A.grad_value.data_ptr<T>();
+  c.n_owner = n_src;
+  c.group = std::min(32, next_pow2(slots_k + slots_v));
+  at::Tensor att_part;
+  launch<T, I, KIND, VEC, true>(c, A.col_windows, A.col_stage_nodes, optin,
+                                KIND == kGatv2 ? &att_part : nullptr, fopt);
+  if (KIND == kGatv2) A.grad_att.copy_(att_part.sum(0).view({H, D}));
 }
 
 }  // namespace detail
 
-template <typename T> void run_bwd(Args& a) {
-  using DT = T;
-  const int H = (int)a.value.size(1), F = (int)a.value.size(2);
-  const int DA = a.kind == kKindAdd ? 1 : (int)a.query.size(2);
-  const int V = 16 / (int)sizeof(DT);
-  bool vec_ok = F % V == 0 && (a.kind == kKindAdd || DA % V == 0);
-  for (const at::Tensor* t : {&a.grad_out, &a.query, &a.key, &a.value, &a.out,
-                              &a.att, &a.grad_query, &a.grad_key,
-                              &a.grad_value})
-    if (t->defined() && reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 != 0)
-      vec_ok = false;
-  const detail::Layout l =
-      detail::choose_layout((int)sizeof(DT), vec_ok, H, DA, F);
-  switch (a.kind) {
-    case kKindDot: detail::run_kind<T, kKindDot>(a, l); break;
-    case kKindAdd: detail::run_kind<T, kKindAdd>(a, l); break;
-    default: detail::run_kind<T, kKindGatv2>(a, l); break;
-  }
+template <typename T> void run_bwd(Args& A) {
+  const int H = (int)A.value.size(1), F = (int)A.value.size(2);
+  const int D = A.kind == kAdd ? 1 : (int)A.query.size(2);
+  TORCH_CHECK(H <= kMaxHeads, "fused_attention_bwd: at most ", kMaxHeads,
+              " heads (got ", H, ")");
+  const int V = Vec<T>::kWidth;
+  bool vec = F % V == 0 && (A.kind == kAdd || D % V == 0);
+  for (const at::Tensor* t : {&A.grad_out, &A.query, &A.key, &A.value,
+                              &A.att, &A.grad_query, &A.grad_key,
+                              &A.grad_value})
+    if (t->defined() && t->numel() > 0 &&
+        reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 != 0)
+      vec = false;
+  int optin = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(
+      &optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+      A.value.get_device()));
+  PYG_DFGNN_DISPATCH_INDEX(A.col.scalar_type(), "fused_attention_bwd", [&] {
+    PYG_DFGNN_DISPATCH_KIND(A.kind, [&] {
+      PYG_DFGNN_DISPATCH_BOOL(vec, VEC, [&] {
+        detail::run_passes<T, index_t, KIND, VEC>(A, optin);
+      });
+    });
+  });
 }
 
 }  // namespace bwd

@@ -20,13 +20,17 @@ std::tuple<at::Tensor, at::Tensor> fwd(
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd(
     const at::Tensor& grad_out, const at::Tensor& rowptr, const at::Tensor& col,
-    const at::Tensor& colptr, const at::Tensor& csc_row, int64_t kind,
-    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-    const c10::optional<at::Tensor>& att, const at::Tensor& out,
-    const at::Tensor& lse, double scale, double negative_slope) {
-  auto grads = fused_attention_bwd_cuda(grad_out, rowptr, col, colptr, csc_row,
-                                        kind, query, key, value, att, out, lse,
-                                        scale, negative_slope);
+    const at::Tensor& colptr, const at::Tensor& csc_row,
+    const at::Tensor& csc_perm, int64_t kind, const at::Tensor& query,
+    const at::Tensor& key, const at::Tensor& value,
+    const c10::optional<at::Tensor>& att, const at::Tensor& lse, double scale,
+    double negative_slope, const c10::optional<at::Tensor>& windows,
+    int64_t stage_nodes, const c10::optional<at::Tensor>& col_windows,
+    int64_t col_stage_nodes) {
+  auto grads = fused_attention_bwd_cuda(
+      grad_out, rowptr, col, colptr, csc_row, csc_perm, kind, query, key,
+      value, att, lse, scale, negative_slope, windows, stage_nodes,
+      col_windows, col_stage_nodes);
   // A schema output cannot be undefined: no 'att' -> an empty grad_att.
   if (!std::get<3>(grads).defined())
     std::get<3>(grads) = at::empty({0}, value.options());
@@ -43,9 +47,11 @@ TORCH_LIBRARY(pyg_dfgnn, m) {
       "Tensor? windows=None, int stage_nodes=0) -> (Tensor, Tensor)");
   m.def(
       "fused_attention_bwd(Tensor grad_out, Tensor rowptr, Tensor col, "
-      "Tensor colptr, Tensor csc_row, int kind, Tensor query, Tensor key, "
-      "Tensor value, Tensor? att, Tensor out, Tensor lse, float scale, "
-      "float negative_slope) -> (Tensor, Tensor, Tensor, Tensor)");
+      "Tensor colptr, Tensor csc_row, Tensor csc_perm, int kind, "
+      "Tensor query, Tensor key, Tensor value, Tensor? att, Tensor lse, "
+      "float scale, float negative_slope, Tensor? windows=None, "
+      "int stage_nodes=0, Tensor? col_windows=None, int col_stage_nodes=0) "
+      "-> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(pyg_dfgnn, CUDA, m) {

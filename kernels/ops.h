@@ -35,11 +35,18 @@ std::tuple<at::Tensor, at::Tensor> fused_attention_fwd_cuda(
     int64_t strategy, int64_t max_in_degree,
     const c10::optional<at::Tensor>& windows, int64_t stage_nodes);
 
-// -> (grad_query, grad_key, grad_value, grad_att (undefined unless gatv2))
+// -> (grad_query, grad_key, grad_value, grad_att (undefined unless gatv2)).
+// csc_perm: CSR edge id of each CSC entry. windows / stage_nodes: the
+// forward's row windows (rows pass); col_windows / col_stage_nodes: windows
+// over source nodes whose destinations are contiguous (DFGraph.col_windows),
+// for the cols pass. Only lse comes from the forward (no output).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 fused_attention_bwd_cuda(
     const at::Tensor& grad_out, const at::Tensor& rowptr, const at::Tensor& col,
-    const at::Tensor& colptr, const at::Tensor& csc_row, int64_t kind,
-    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-    const c10::optional<at::Tensor>& att, const at::Tensor& out,
-    const at::Tensor& lse, double scale, double negative_slope);
+    const at::Tensor& colptr, const at::Tensor& csc_row,
+    const at::Tensor& csc_perm, int64_t kind, const at::Tensor& query,
+    const at::Tensor& key, const at::Tensor& value,
+    const c10::optional<at::Tensor>& att, const at::Tensor& lse, double scale,
+    double negative_slope, const c10::optional<at::Tensor>& windows,
+    int64_t stage_nodes, const c10::optional<at::Tensor>& col_windows,
+    int64_t col_stage_nodes);

@@ -201,6 +201,87 @@ def to_edge_index(
     return adj, (int(size[0]), int(size[1]))
 
 
+def owner_windows(owner: Tensor, nbr: Tensor, n_owner: int, n_nbr: int,
+                  max_nodes: int, pack_rows: int,
+                  max_window_rows: int) -> Tuple[Optional[Tensor], int]:
+    """Windows of consecutive owners of a compressed structure (CSR: owner =
+    destination, neighbour = source; CSC: owner = source, neighbour =
+    destination) whose neighbours are few and contiguous, for shared-memory
+    staging of the neighbours' rows.
+
+    Args:
+        owner: owner id of each entry (sorted, any integer dtype).
+        nbr: neighbour id of each entry.
+        n_owner, n_nbr: number of owner / neighbour nodes.
+        max_nodes: the most neighbours one window may read.
+        pack_rows: owners per packing bucket (``1``: no packing).
+        max_window_rows: longer windows are split into pieces of this many
+            owners.
+
+    Returns ``(windows, span)``: ``windows`` int64 [W + 1] owner boundaries
+    and ``span`` the most neighbour nodes one window reads, or ``(None, 0)``
+    when there is no such structure. Owners are cut where no entry crosses
+    the cut (``max(nbr)`` of all owners before it ``<`` ``min(nbr)`` of all
+    owners after it): the boundaries between the small graphs of a batch,
+    found without a ``batch`` vector. Graphs shorter than ``pack_rows``
+    owners are packed together (a window opens at the first graph that
+    starts in each bucket of ``pack_rows`` owners). Windowed only if every
+    window reads at most ``max_nodes`` neighbours. One host sync.
+    """
+    n = int(n_owner)
+    if nbr.numel() == 0 or n < 2 or max_nodes < 1:
+        return None, 0
+    dev = nbr.device
+    owner, nbr = owner.to(torch.int64), nbr.to(torch.int64)
+    own_min = torch.full((n, ), n_nbr, dtype=torch.int64,
+                         device=dev).scatter_reduce_(0, owner, nbr, 'amin')
+    own_max = torch.full((n, ), -1, dtype=torch.int64,
+                         device=dev).scatter_reduce_(0, owner, nbr, 'amax')
+    before_max = own_max.cummax(0).values
+    after_min = own_min.flip(0).cummin(0).values.flip(0)
+    cut = torch.ones(n, dtype=torch.bool, device=dev)
+    cut[1:] = before_max[:-1] < after_min[1:]
+    starts = cut.nonzero().view(-1)  # host sync (once per graph)
+    if starts.numel() < 2:
+        return None, 0
+
+    def spans(bounds: Tensor) -> Tensor:
+        seg = torch.bucketize(torch.arange(n, device=dev), bounds[1:],
+                              right=True)
+        k = bounds.numel() - 1
+        lo = torch.full((k, ), n_nbr, dtype=torch.int64,
+                        device=dev).scatter_reduce_(0, seg, own_min, 'amin')
+        hi = torch.full((k, ), -1, dtype=torch.int64,
+                        device=dev).scatter_reduce_(0, seg, own_max, 'amax')
+        return (hi - lo + 1).clamp_min(0)
+
+    def split_long(bounds: Tensor) -> Tensor:
+        # Windows of more than max_window_rows owners (few neighbours, many
+        # owners) are split so that one block does not serialise.
+        length = bounds.diff()
+        chunks = (length + max_window_rows - 1).div(
+            max_window_rows, rounding_mode='floor').clamp_min(1)
+        if int(chunks.max()) == 1:
+            return bounds
+        first = torch.repeat_interleave(bounds[:-1], chunks)
+        offset = torch.arange(first.numel(), device=dev) - \
+            torch.repeat_interleave(chunks.cumsum(0) - chunks, chunks)
+        return torch.cat([first + offset * max_window_rows, bounds[-1:]])
+
+    end = torch.tensor([n], device=dev)
+    bounds = torch.cat([starts, end])
+    if pack_rows > 1:
+        bucket = starts // pack_rows
+        keep = torch.ones_like(starts, dtype=torch.bool)
+        keep[1:] = bucket[1:] != bucket[:-1]
+        packed = torch.cat([starts[keep], end])
+        span = int(spans(packed).max())
+        if span <= max_nodes:
+            return split_long(packed), span
+    span = int(spans(bounds).max())
+    return (split_long(bounds), span) if span <= max_nodes else (None, 0)
+
+
 class DFGraph:
     r"""CSR by destination + CSC by source + permutations + degree stats.
 
@@ -208,7 +289,7 @@ class DFGraph:
     one per ``edge_index`` tensor). A graph remembers the tensor it was built
     from; :meth:`check_fresh` raises if that tensor was modified in place.
     """
-    max_window_rows = 256  # rows of one SMMF window (see row_windows)
+    max_window_rows = 256  # owners of one window (see owner_windows)
 
     def __init__(self, rowptr: Tensor, col: Tensor, num_src: int,
                  perm: Optional[Tensor] = None,
@@ -223,7 +304,8 @@ class DFGraph:
         self.max_in_degree = int(max_in_degree)
         self._csc: Optional[Tuple[Tensor, Tensor, Tensor]] = None
         self._row: Optional[Tensor] = None
-        self._windows: dict = {}  # (max_nodes, pack_rows) -> row_windows()
+        # ('row' | 'col', max_nodes, pack_rows) -> row_windows / col_windows
+        self._windows: dict = {}
         self._source: Optional[Tuple] = None  # (weakref, fingerprint)
 
     # ------------------------------------------------------------------ build
@@ -299,95 +381,65 @@ class DFGraph:
         return self._row
 
     def csc(self) -> Tuple[Tensor, Tensor, Tensor]:
-        """``(colptr, csc_row, csc_perm)``, built once on first use."""
+        """``(colptr, csc_row, csc_perm)``, built once on first use.
+
+        ``csc_row`` and ``csc_perm`` share one dtype: ``col``'s, except that
+        ``csc_perm`` holds CSR edge ids (up to ``E``), so both are int64 when
+        ``E`` exceeds int32 even if ``col`` is int32.
+        """
         if self._csc is None:
             with torch.inference_mode(False):  # cached, as row
                 col64 = self.col.to(torch.int64)
                 sorted_col, csc_perm = torch.sort(col64, stable=True)
-                csc_row = self.row[csc_perm].to(self.col.dtype)
-                self._csc = (_ptr(sorted_col, self.num_src), csc_row,
-                             csc_perm.to(self.col.dtype))
+                dtype = torch.promote_types(self.col.dtype,
+                                            _index_dtype(self.num_edges))
+                self._csc = (_ptr(sorted_col, self.num_src),
+                             self.row[csc_perm].to(dtype),
+                             csc_perm.to(dtype))
         return self._csc
 
     def row_windows(self, max_nodes: int,
                     pack_rows: int = 64) -> Tuple[Optional[Tensor], int]:
-        """Row windows whose sources are few and contiguous, for SMMF's
-        shared-memory staging of K / V: ``(windows, span)`` with ``windows``
-        int64 [W + 1] row boundaries and ``span`` the most source nodes one
-        window reads, or ``(None, 0)`` when the graph has no such structure.
-
-        Rows are cut where no edge crosses the cut (``max(col)`` of all rows
-        before it ``<`` ``min(col)`` of all rows after it): the boundaries
-        between the small graphs of a batch, found without a ``batch``
-        vector. Graphs shorter than ``pack_rows`` rows are packed together
-        (a window opens at the first graph that starts in each bucket of
-        ``pack_rows`` rows). Windowed only if every window reads at most
-        ``max_nodes`` sources. Cached per graph; one host sync when built.
+        """Row windows whose sources are few and contiguous, for SMMF's (and
+        the backward rows pass's) shared-memory staging of K / V:
+        ``(windows, span)`` with ``windows`` int64 [W + 1] row boundaries and
+        ``span`` the most source nodes one window reads, or ``(None, 0)``
+        when the graph has no such structure (see :func:`owner_windows`).
+        Cached per graph; one host sync when built.
         """
-        key = (int(max_nodes), int(pack_rows))
+        return self._cached_windows('row', max_nodes, pack_rows)
+
+    def col_windows(self, max_nodes: int,
+                    pack_rows: int = 64) -> Tuple[Optional[Tensor], int]:
+        """Column windows for the backward cols pass: windows of consecutive
+        source nodes (the CSC's owners) whose destinations are few and
+        contiguous, so that a block can stage their query / grad_out rows in
+        shared memory. ``(windows, span)`` with ``windows`` int64 [W + 1]
+        source-node boundaries and ``span`` the most destination nodes one
+        window reads, or ``(None, 0)`` (see :func:`owner_windows`). Builds
+        the CSC if needed. Cached per graph; one host sync when built.
+        """
+        return self._cached_windows('col', max_nodes, pack_rows)
+
+    def _cached_windows(self, which: str, max_nodes: int,
+                        pack_rows: int) -> Tuple[Optional[Tensor], int]:
+        key = (which, int(max_nodes), int(pack_rows))
         if key not in self._windows:
-            with torch.inference_mode(False):
-                self._windows[key] = self._build_row_windows(*key)
+            with torch.inference_mode(False):  # cached, as row
+                if which == 'row':
+                    owner, nbr = self.row, self.col
+                    n_owner, n_nbr = self.num_dst, self.num_src
+                else:
+                    colptr, csc_row, _ = self.csc()
+                    owner = torch.repeat_interleave(
+                        torch.arange(self.num_src, device=self.device),
+                        colptr.diff(), output_size=self.num_edges)
+                    nbr = csc_row
+                    n_owner, n_nbr = self.num_src, self.num_dst
+                self._windows[key] = owner_windows(
+                    owner, nbr, n_owner, n_nbr, key[1], key[2],
+                    self.max_window_rows)
         return self._windows[key]
-
-    def _build_row_windows(self, max_nodes: int,
-                           pack_rows: int) -> Tuple[Optional[Tensor], int]:
-        n = self.num_dst
-        if self.num_edges == 0 or n < 2 or max_nodes < 1:
-            return None, 0
-        dev, col = self.device, self.col.to(torch.int64)
-        row_min = torch.full((n, ), self.num_src, dtype=torch.int64,
-                             device=dev).scatter_reduce_(0, self.row, col,
-                                                         'amin')
-        row_max = torch.full((n, ), -1, dtype=torch.int64,
-                             device=dev).scatter_reduce_(0, self.row, col,
-                                                         'amax')
-        before_max = row_max.cummax(0).values
-        after_min = row_min.flip(0).cummin(0).values.flip(0)
-        cut = torch.ones(n, dtype=torch.bool, device=dev)
-        cut[1:] = before_max[:-1] < after_min[1:]
-        starts = cut.nonzero().view(-1)  # host sync (once per graph)
-        if starts.numel() < 2:
-            return None, 0
-
-        def spans(bounds: Tensor) -> Tensor:
-            seg = torch.bucketize(torch.arange(n, device=dev), bounds[1:],
-                                  right=True)
-            k = bounds.numel() - 1
-            lo = torch.full((k, ), self.num_src, dtype=torch.int64,
-                            device=dev).scatter_reduce_(0, seg, row_min,
-                                                        'amin')
-            hi = torch.full((k, ), -1, dtype=torch.int64,
-                            device=dev).scatter_reduce_(0, seg, row_max,
-                                                        'amax')
-            return (hi - lo + 1).clamp_min(0)
-
-        def split_long(bounds: Tensor) -> Tensor:
-            # Windows of more than max_rows rows (few sources, many
-            # destinations) are split so that one block does not serialise.
-            length = bounds.diff()
-            chunks = (length + self.max_window_rows - 1).div(
-                self.max_window_rows, rounding_mode='floor').clamp_min(1)
-            if int(chunks.max()) == 1:
-                return bounds
-            first = torch.repeat_interleave(bounds[:-1], chunks)
-            offset = torch.arange(first.numel(), device=dev) - \
-                torch.repeat_interleave(chunks.cumsum(0) - chunks, chunks)
-            return torch.cat([first + offset * self.max_window_rows,
-                              bounds[-1:]])
-
-        end = torch.tensor([n], device=dev)
-        bounds = torch.cat([starts, end])
-        if pack_rows > 1:
-            bucket = starts // pack_rows
-            keep = torch.ones_like(starts, dtype=torch.bool)
-            keep[1:] = bucket[1:] != bucket[:-1]
-            packed = torch.cat([starts[keep], end])
-            span = int(spans(packed).max())
-            if span <= max_nodes:
-                return split_long(packed), span
-        span = int(spans(bounds).max())
-        return (split_long(bounds), span) if span <= max_nodes else (None, 0)
 
     def strategy(self, num_heads: int = 1) -> str:
         """SMMF or PMF for this graph and head count."""

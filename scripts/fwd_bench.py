@@ -3,7 +3,9 @@
     python scripts/fwd_bench.py [--graphs pattern-like,...] [--dtype fp32]
 
 Times the raw forward op (torch.ops.pyg_dfgnn.fused_attention_fwd), the
-forward + backward ops called directly (as DF-GNN's kernels are timed) and
+forward + backward ops called directly (as DF-GNN's kernels are timed; the
+backward gets the variant's row windows and, but for `smmf-plain`, the
+graph's column windows, so both of its passes stage like the forward) and
 the user-facing op's fwd+bwd through autograd; 'dot' kind, Q pre-scaled,
 H x F = 1x128 and 4x32. Variants: SMMF with graph-aligned staged windows
 (`smmf`), SMMF without (`smmf-plain`), PMF. Prints one row per (graph,
@@ -61,7 +63,7 @@ def main(argv=None):
     rows, records = [], []
     for name in args.graphs.split(','):
         graph, _, n = make_dfgraph(name, dev)
-        colptr, csc_row, _ = graph.csc()
+        colptr, csc_row, csc_perm = graph.csc()
         for shape, (h, f) in (('1x128', (1, 128)), ('4x32', (4, 32))):
             g = torch.Generator(device=dev).manual_seed(0)
             q, k, v = (torch.randn(n, h, f, device=dev, generator=g,
@@ -70,11 +72,16 @@ def main(argv=None):
             auto = graph.strategy(h)
             windows, span = graph.row_windows(
                 cuda._stage_capacity('dot', q, v))
+            col_windows, col_span = graph.col_windows(
+                cuda._col_stage_capacity('dot', q, v))
             variants = [('smmf', 0, windows, span), ('smmf-plain', 0, None, 0),
                         ('pmf', 1, None, 0)]
             if auto != 'smmf':
                 variants = variants[2:]
             for strat, sid, win, stage in variants:
+                cwin, cstage = (None, 0) if strat == 'smmf-plain' else (
+                    col_windows, col_span)
+
                 def fwd():
                     return torch.ops.pyg_dfgnn.fused_attention_fwd(
                         graph.rowptr, graph.col, 0, q, k, v, None, 1.0, 0.2,
@@ -84,10 +91,11 @@ def main(argv=None):
                 go = torch.randn_like(v[:graph.num_dst])
 
                 def ops_fwd_bwd():  # the two ops, no autograd (as DF-GNN's)
-                    out, lse = fwd()
+                    _, lse = fwd()
                     torch.ops.pyg_dfgnn.fused_attention_bwd(
-                        go, graph.rowptr, graph.col, colptr, csc_row, 0, q, k,
-                        v, None, out, lse, 1.0, 0.2)
+                        go, graph.rowptr, graph.col, colptr, csc_row,
+                        csc_perm, 0, q, k, v, None, lse, 1.0, 0.2, win, stage,
+                        cwin, cstage)
 
                 t_ops = timer(ops_fwd_bwd)
                 t_fb = float('nan')
@@ -110,6 +118,8 @@ def main(argv=None):
                            dfgnn_fwd_ms=a_fwd, dfgnn_fwd_bwd_ms=a_fb,
                            edges=graph.num_edges, stage_span=stage,
                            windows=0 if win is None else win.numel() - 1,
+                           col_stage_span=cstage,
+                           col_windows=0 if cwin is None else cwin.numel() - 1,
                            max_in_degree=graph.max_in_degree)
                 records.append(rec)
                 nan = float('nan')

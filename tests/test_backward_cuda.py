@@ -1,9 +1,11 @@
 """GPU tests of the fused backward kernels (``fused_attention_bwd``).
 
-The op gets ``out`` and ``lse`` computed in float64 by the reference (so it is
-tested on its own, independent of the forward kernels) and its gradients are
-compared with autograd through :func:`fused_attention_reference` in float64 on
-the upcast inputs: rel. error <= 1e-5 in fp32, <= 1e-2 in fp16/bf16.
+The op gets ``lse`` computed in float64 by the reference (so it is tested on
+its own, independent of the forward kernels; it does not read the output) and
+its gradients are compared with autograd through
+:func:`fused_attention_reference` in float64 on the upcast inputs: rel. error
+<= 1e-5 in fp32, <= 1e-2 in fp16/bf16. Without windows both passes run their
+plain blocks; with the graph's row / column windows, their staged blocks.
 """
 import math
 import os
@@ -29,21 +31,27 @@ _PRIVATE_CPP = r'''
 namespace {
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd(
     const at::Tensor& go, const at::Tensor& rp, const at::Tensor& col,
-    const at::Tensor& cp, const at::Tensor& cr, int64_t kind,
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const c10::optional<at::Tensor>& att, const at::Tensor& out,
-    const at::Tensor& lse, double scale, double slope) {
-  auto g = fused_attention_bwd_cuda(go, rp, col, cp, cr, kind, q, k, v, att,
-                                    out, lse, scale, slope);
+    const at::Tensor& cp, const at::Tensor& cr, const at::Tensor& perm,
+    int64_t kind, const at::Tensor& q, const at::Tensor& k,
+    const at::Tensor& v, const c10::optional<at::Tensor>& att,
+    const at::Tensor& lse, double scale, double slope,
+    const c10::optional<at::Tensor>& windows, int64_t stage_nodes,
+    const c10::optional<at::Tensor>& col_windows, int64_t col_stage_nodes) {
+  auto g = fused_attention_bwd_cuda(go, rp, col, cp, cr, perm, kind, q, k, v,
+                                    att, lse, scale, slope, windows,
+                                    stage_nodes, col_windows,
+                                    col_stage_nodes);
   if (!std::get<3>(g).defined()) std::get<3>(g) = at::empty({0}, v.options());
   return g;
 }
 }  // namespace
 TORCH_LIBRARY(pyg_dfgnn_bwd_only, m) {
   m.def("fused_attention_bwd(Tensor grad_out, Tensor rowptr, Tensor col, "
-        "Tensor colptr, Tensor csc_row, int kind, Tensor query, Tensor key, "
-        "Tensor value, Tensor? att, Tensor out, Tensor lse, float scale, "
-        "float negative_slope) -> (Tensor, Tensor, Tensor, Tensor)");
+        "Tensor colptr, Tensor csc_row, Tensor csc_perm, int kind, "
+        "Tensor query, Tensor key, Tensor value, Tensor? att, Tensor lse, "
+        "float scale, float negative_slope, Tensor? windows=None, "
+        "int stage_nodes=0, Tensor? col_windows=None, int col_stage_nodes=0) "
+        "-> (Tensor, Tensor, Tensor, Tensor)");
 }
 TORCH_LIBRARY_IMPL(pyg_dfgnn_bwd_only, CUDA, m) {
   m.impl("fused_attention_bwd", &bwd);
@@ -129,7 +137,7 @@ def case_inputs(kind, dtype, H, F, D, n_src, n_dst, gen, dev):
 
 
 def reference_grads(graph, kind, q, k, v, att, scale, slope, grad_out):
-    """float64 out, lse and autograd grads on upcast inputs."""
+    """float64 lse and autograd grads on upcast inputs."""
     leaves = [t.detach().double().requires_grad_()
               for t in (q, k, v) + ((att, ) if att is not None else ())]
     q64, k64, v64 = leaves[:3]
@@ -149,7 +157,7 @@ def reference_grads(graph, kind, q, k, v, att, scale, slope, grad_out):
         e = (s - mx.index_select(0, graph.row)).exp()
         sm = torch.zeros_like(mx).scatter_add(0, row, e)
         lse = mx + torch.log(sm + 1e-16)
-    return out.detach(), lse, grads
+    return lse, grads
 
 
 def rel_err(x, ref):
@@ -161,24 +169,34 @@ def rel_err(x, ref):
 
 
 def run_case(gkind, n, kind, dtype, H, F, D, idx64=False, seed=0,
-             repeat=1):
+             repeat=1, stage=None):
+    """Gradient errors of one case. ``stage`` = max_nodes: pass the graph's
+    row windows and column windows (``DFGraph.row_windows`` /
+    ``col_windows``) so that both passes stage neighbour rows."""
     dev = torch.device('cuda')
     gen = torch.Generator().manual_seed(seed)
     ei, n_src, n_dst = make_graph(gkind, n, gen)
     graph = DFGraph.from_edge_index(ei.to(dev), size=(n_src, n_dst))
-    colptr, csc_row, _ = graph.csc()
+    colptr, csc_row, csc_perm = graph.csc()
     col = graph.col
     if idx64:
-        col, csc_row = col.long(), csc_row.long()
+        col, csc_row, csc_perm = col.long(), csc_row.long(), csc_perm.long()
+    windows = {}
+    if stage is not None:
+        rows, span = graph.row_windows(stage)
+        cols, col_span = graph.col_windows(stage)
+        assert rows is not None and cols is not None, 'no windows'
+        windows = dict(windows=rows, stage_nodes=span, col_windows=cols,
+                       col_stage_nodes=col_span)
     q, k, v, att = case_inputs(kind, dtype, H, F, D, n_src, n_dst, gen, dev)
     scale = 1.0 / math.sqrt(D)
     slope = 0.2
     grad_out = torch.randn(n_dst, H, F, generator=gen).to(dev, dtype)
-    out, lse, ref = reference_grads(graph, kind, q, k, v, att, scale, slope,
-                                    grad_out)
-    runs = [bwd_op()(grad_out, graph.rowptr, col, colptr, csc_row,
-                     KINDS[kind], q, k, v, att, out.to(dtype),
-                     lse.float().contiguous(), scale, slope)
+    lse, ref = reference_grads(graph, kind, q, k, v, att, scale, slope,
+                               grad_out)
+    runs = [bwd_op()(grad_out, graph.rowptr, col, colptr, csc_row, csc_perm,
+                     KINDS[kind], q, k, v, att, lse.float().contiguous(),
+                     scale, slope, **windows)
             for _ in range(repeat)]
     torch.cuda.synchronize()
     for other in runs[1:]:  # same inputs -> bitwise the same gradients
@@ -240,3 +258,18 @@ def test_backward_is_deterministic():
     errs = run_case('super', 900, 'gatv2', torch.float32, 2, 64, 64, seed=3,
                     repeat=3)
     assert all(e <= 1e-5 for e in errs.values()), errs
+
+
+STAGED_CASES = [(kind, dtype, H, F)
+                for kind in ('dot', 'add', 'gatv2')
+                for dtype in (torch.float32, torch.bfloat16)
+                for H, F in ((1, 128), (4, 32), (3, 17))]
+
+
+@pytest.mark.parametrize('kind,dtype,H,F', STAGED_CASES)
+def test_backward_with_row_and_col_windows(kind, dtype, H, F):
+    # both passes staged: the rows pass stages K / V of each row window, the
+    # cols pass Q / dO / D of each column window
+    errs = run_case('batch', 600, kind, dtype, H, F, F, stage=150,
+                    seed=zlib.crc32(repr(('staged', kind, H, F)).encode()))
+    assert all(e <= TOL[dtype] for e in errs.values()), errs

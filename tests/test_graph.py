@@ -325,14 +325,25 @@ def _batch_edge_index(sizes, deg, seed=0):
     return torch.cat(parts, 1), off
 
 
-def _check_windows(graph, windows, span):
-    assert windows[0] == 0 and windows[-1] == graph.num_dst
+def _check_windows(graph, windows, span, which='row'):
+    """Windows tile the owners (destinations for 'row', sources for 'col'),
+    none longer than max_window_rows, and ``span`` is the most neighbour
+    nodes any window reads."""
+    if which == 'row':
+        ptr, nbr, n = graph.rowptr, graph.col, graph.num_dst
+    else:
+        ptr, nbr, _ = graph.csc()
+        n = graph.num_src
+    assert windows.dtype == torch.int64
+    assert windows[0] == 0 and windows[-1] == n
     assert bool((windows.diff() > 0).all())
     assert int(windows.diff().max()) <= DFGraph.max_window_rows
+    widest = 0
     for a, b in zip(windows[:-1].tolist(), windows[1:].tolist()):
-        cols = graph.col[graph.rowptr[a]:graph.rowptr[b]].long()
-        if cols.numel():
-            assert int(cols.max() - cols.min()) + 1 <= span
+        read = nbr[ptr[a]:ptr[b]].long()
+        if read.numel():
+            widest = max(widest, int(read.max() - read.min()) + 1)
+    assert widest == span
 
 
 def test_row_windows_follow_the_graphs_of_a_batch():
@@ -372,3 +383,99 @@ def test_row_windows_none_without_structure_and_split_long_windows():
     _check_windows(graph, windows, span)
     assert span == 4 and 1000 in windows.tolist()
     assert windows.numel() - 1 == 2 * -(-1000 // DFGraph.max_window_rows)
+
+
+def test_col_windows_follow_the_graphs_of_a_batch():
+    sizes = [30, 5, 7, 40, 12, 3, 64, 20]
+    ei, n = _batch_edge_index(sizes, 4, seed=2)
+    graph = DFGraph.from_edge_index(ei, num_nodes=n)
+    bounds = set(torch.tensor([0] + sizes).cumsum(0).tolist())
+    no_out_edges = set(graph.csc()[0].diff().eq(0).nonzero().view(-1).tolist())
+    # no packing: one window per graph of sources (isolated ones may cut)
+    windows, span = graph.col_windows(1000, pack_rows=1)
+    _check_windows(graph, windows, span, 'col')
+    assert span <= max(sizes)
+    assert bounds <= set(windows.tolist())
+    # packed: unions of whole graphs, opened once per 64 sources
+    windows, span = graph.col_windows(1000, pack_rows=64)
+    _check_windows(graph, windows, span, 'col')
+    assert set(windows.tolist()) <= bounds | no_out_edges
+    assert windows.numel() - 1 < len(sizes)
+    # cached (one build), and the row windows' cache is a different entry
+    assert graph.col_windows(1000, pack_rows=64)[0] is windows
+    assert graph.row_windows(1000, pack_rows=64)[0] is not windows
+    assert graph.col_windows(10) == (None, 0)
+
+
+def test_col_windows_do_not_cut_across_an_edge():
+    # three blocks of 50 nodes; source 70 (block 1) also feeds destination 10
+    # (block 0): the source cut at 50 is gone, the one at 100 stays.
+    ei, n = _batch_edge_index([50, 50, 50], 6, seed=3)
+    ei = torch.cat([ei, torch.tensor([[70], [10]])], 1)
+    graph = DFGraph.from_edge_index(ei, num_nodes=n)
+    windows, span = graph.col_windows(1000, pack_rows=1)
+    _check_windows(graph, windows, span, 'col')
+    assert 100 in windows.tolist() and 50 not in windows.tolist()
+    assert span >= 61  # the window of source 70 reads destinations 10..70
+    assert graph.col_windows(60, pack_rows=1) == (None, 0)
+
+
+def test_col_windows_none_for_empty_and_single_node_graphs():
+    empty = DFGraph.from_edge_index(torch.empty(2, 0, dtype=torch.long),
+                                    num_nodes=5)
+    assert empty.col_windows(100) == (None, 0)
+    single = DFGraph.from_edge_index(torch.tensor([[0], [0]]), num_nodes=1)
+    assert single.col_windows(100) == (None, 0)
+    g = torch.Generator().manual_seed(1)
+    ei = torch.randint(0, 300, (2, 3000), generator=g)
+    dense = DFGraph.from_edge_index(ei, num_nodes=300)
+    assert dense.col_windows(10_000) == (None, 0)  # no cut anywhere
+
+
+def test_col_windows_bipartite():
+    # 5 blocks: 40 sources each feeding 12 destinations each
+    g = torch.Generator().manual_seed(4)
+    blocks = torch.arange(5).repeat_interleave(200)
+    src = blocks * 40 + torch.randint(0, 40, (1000, ), generator=g)
+    dst = blocks * 12 + torch.randint(0, 12, (1000, ), generator=g)
+    graph = DFGraph.from_edge_index(torch.stack([src, dst]), size=(200, 60))
+    windows, span = graph.col_windows(1000, pack_rows=1)
+    _check_windows(graph, windows, span, 'col')
+    assert {0, 40, 80, 120, 160, 200} <= set(windows.tolist())
+    assert span <= 12
+    rows, row_span = graph.row_windows(1000, pack_rows=1)
+    _check_windows(graph, rows, row_span, 'row')
+    assert rows[-1] == 60 and row_span <= 40
+
+
+def test_col_windows_equal_row_windows_on_a_symmetric_batch():
+    ei, n = _batch_edge_index([30, 5, 7, 40, 12, 3, 64, 20], 3, seed=5)
+    ei = torch.cat([ei, ei.flip(0)], 1)
+    graph = DFGraph.from_edge_index(ei, num_nodes=n)
+    for max_nodes, pack in ((1000, 64), (1000, 1), (64, 64), (63, 1)):
+        rows, row_span = graph.row_windows(max_nodes, pack)
+        cols, col_span = graph.col_windows(max_nodes, pack)
+        assert row_span == col_span
+        if max_nodes >= 64:  # the largest graph fits: windowed
+            assert rows is not None and torch.equal(rows, cols)
+        else:
+            assert rows is None and cols is None
+
+
+def test_csc_index_dtype_follows_the_edge_count():
+    # csc_perm holds CSR edge ids: past int32 it and csc_row are int64 even
+    # if col is int32 (the edge count is faked: a real one would not fit).
+    class HugeGraph(DFGraph):
+        num_edges = 2**31
+
+    ei = random_edge_index(6, 6, 20)
+    small = DFGraph.from_edge_index(ei, num_nodes=6)
+    huge = HugeGraph(small.rowptr, small.col, 6)
+    huge._row = small.row
+    assert huge.col.dtype == torch.int32
+    colptr, csc_row, csc_perm = huge.csc()
+    assert csc_row.dtype == csc_perm.dtype == torch.int64
+    want = small.csc()
+    assert torch.equal(colptr, want[0])
+    assert torch.equal(csc_row, want[1].long())
+    assert torch.equal(csc_perm, want[2].long())

@@ -6,9 +6,11 @@ The C++ library registers ``torch.ops.pyg_dfgnn.fused_attention_fwd`` /
 C++, torchvision's pattern, because a Python ``custom_op`` with
 ``register_autograd`` costs more host time per call than the kernels of a
 small graph take). Here the three get their fake (meta) impls, so that
-``torch.compile`` traces calls without graph breaks. Only ``out`` and the row
-log-sum-exp ``lse`` [N_dst, H] are saved for the backward; nothing of size
-E * F.
+``torch.compile`` traces calls without graph breaks. Only the row log-sum-exp
+``lse`` [N_dst, H] is saved for the backward (no copy of the output: the
+backward does not read it); the backward's two passes (CSR rows for dQ, CSC
+columns for dK / dV) share a transient float32 [E, H, 2] buffer of per-edge
+``(p, p * dp)``: E * H, never E * F.
 """
 from typing import Optional, Tuple
 
@@ -43,17 +45,18 @@ def _fwd_fake(rowptr, col, kind, query, key, value, att, scale,
     return out, lse
 
 
-def _bwd_fake(grad_out, rowptr, col, colptr, csc_row, kind, query, key, value,
-              att, out, lse, scale, negative_slope):
+def _bwd_fake(grad_out, rowptr, col, colptr, csc_row, csc_perm, kind, query,
+              key, value, att, lse, scale, negative_slope, windows=None,
+              stage_nodes=0, col_windows=None, col_stage_nodes=0):
     grad_att = torch.empty_like(att) if att is not None else \
         value.new_empty((0, ))
     return (torch.empty_like(query), torch.empty_like(key),
             torch.empty_like(value), grad_att)
 
 
-def _fused_fake(rowptr, col, colptr, csc_row, kind, query, key, value, att,
-                scale, negative_slope, strategy, max_in_degree, windows,
-                stage_nodes):
+def _fused_fake(rowptr, col, colptr, csc_row, csc_perm, kind, query, key,
+                value, att, scale, negative_slope, strategy, max_in_degree,
+                windows, stage_nodes, col_windows, col_stage_nodes):
     return _fwd_fake(rowptr, col, kind, query, key, value, att, scale,
                      negative_slope, strategy, max_in_degree)
 
@@ -87,37 +90,62 @@ def _check_cuda_inputs(value: Tensor, query: Tensor, key: Tensor,
 _SMEM_OPTIN = {}
 
 
-def _stage_capacity(kind: str, query: Tensor, value: Tensor) -> int:
-    """Source nodes whose K and V rows fit one SMMF block's shared memory
-    beside its per-warp scratch (the kernel clamps to the exact layout)."""
+def _smem_optin(value: Tensor) -> int:
+    """Opt-in shared memory per block of ``value``'s device (cached)."""
     dev = value.device.index if value.device.index is not None else \
         torch.cuda.current_device()
     if dev not in _SMEM_OPTIN:
         _SMEM_OPTIN[dev] = torch.cuda.get_device_properties(
             dev).shared_memory_per_block_optin
+    return _SMEM_OPTIN[dev]
+
+
+def _stage_capacity(kind: str, query: Tensor, value: Tensor) -> int:
+    """Source nodes whose K and V rows fit one SMMF block's shared memory
+    beside its per-warp scratch (the kernel clamps to the exact layout)."""
     heads, f_out = value.shape[1], value.shape[2]
     hd_k = heads if kind == 'add' else heads * query.shape[-1]
     # 32 warps (kSmmfStagedWarps) x (query row, 32-edge chunk, m / l / corr)
     scratch = 32 * ((hd_k + heads * 35 + 32) * 4 + 16) + hd_k * 4 + 64
     per_node = (hd_k + heads * f_out) * value.element_size()
-    return max(0, (_SMEM_OPTIN[dev] - scratch) // per_node)
+    return max(0, (_smem_optin(value) - scratch) // per_node)
+
+
+def _col_stage_capacity(kind: str, query: Tensor, value: Tensor) -> int:
+    """Destination nodes whose Q and dO rows (and fp32 per-head row term)
+    fit one block of the backward's cols pass beside its per-warp scratch
+    (the kernel clamps to the exact layout)."""
+    heads, f_out = value.shape[1], value.shape[2]
+    hd_k = heads if kind == 'add' else heads * query.shape[-1]
+    hd_att = heads * query.shape[-1] if kind == 'gatv2' else 0
+    # 32 warps (kStagedWarps) x (key row, d att partial, d a_src [H],
+    # p / ds [2][H][32-edge chunk] fp32, neighbour / edge ids int64 [2][32])
+    # + att fp32 and the block scalars (bwd_layout, fused_attention_bwd.cuh)
+    scratch = 32 * ((hd_k + hd_att + heads + 2 * heads * 32) * 4 +
+                    2 * 32 * 8 + 16) + hd_att * 4 + 64
+    per_node = (hd_k + heads * f_out) * value.element_size() + 4 * heads
+    return max(0, (_smem_optin(value) - scratch) // per_node)
 
 
 _PLANS_ATTR = '_dfgnn_cuda_plans'
+Plan = Tuple[int, int, Optional[Tensor], int, Optional[Tensor], int]
 
 
 def _plan(graph, kind: str, query: Tensor, value: Tensor,
-          strategy: Optional[str]) -> Tuple[int, int, Optional[Tensor], int]:
-    """``(strategy id, max_in_degree, windows, stage_nodes)``: the launch
-    arguments that depend only on the graph and the feature shapes, cached
-    on the graph per shape (the eager hot path then does one dict lookup)."""
+          strategy: Optional[str], backward: bool = False) -> Plan:
+    """``(strategy id, max_in_degree, windows, stage_nodes, col_windows,
+    col_stage_nodes)``: the launch arguments that depend only on the graph
+    and the feature shapes, cached on the graph per shape (the eager hot
+    path then does one dict lookup). The column windows of the backward's
+    cols pass are built only when a ``backward`` will run (else ``None,
+    0``)."""
     plans = getattr(graph, _PLANS_ATTR, None)
     if plans is None:
         plans = {}
         setattr(graph, _PLANS_ATTR, plans)
     # The device is in the key: DFGraph.to() copies attributes, this dict too.
     key = (kind, value.shape[1], value.shape[2], query.shape[-1],
-           value.dtype, value.device, strategy)
+           value.dtype, value.device, strategy, backward)
     plan = plans.get(key)
     if plan is not None:
         return plan
@@ -126,16 +154,22 @@ def _plan(graph, kind: str, query: Tensor, value: Tensor,
     if strategy not in ('smmf', 'pmf'):
         raise ValueError(f"'strategy' must be 'smmf' or 'pmf' "
                          f"(got '{strategy}')")
+    sid = 0 if strategy == SMMF else 1
+    if torch.compiler.is_compiling():
+        # Building windows syncs with the host (a graph break): a graph first
+        # seen while tracing runs fixed windows in both passes (not cached,
+        # so that eager calls still build the windows).
+        return (sid, int(graph.max_in_degree), None, 0, None, 0)
     windows, stage_nodes = None, 0
     if strategy == SMMF:
-        if torch.compiler.is_compiling():
-            # Building the windows syncs with the host (a graph break): a
-            # graph first seen while tracing runs SMMF's fixed windows.
-            return (0, int(graph.max_in_degree), None, 0)
         windows, stage_nodes = graph.row_windows(
             _stage_capacity(kind, query, value))
-    plan = (0 if strategy == SMMF else 1, int(graph.max_in_degree), windows,
-            stage_nodes)
+    col_windows, col_stage_nodes = None, 0
+    if backward:
+        col_windows, col_stage_nodes = graph.col_windows(
+            _col_stage_capacity(kind, query, value))
+    plan = (sid, int(graph.max_in_degree), windows, stage_nodes, col_windows,
+            col_stage_nodes)
     plans[key] = plan
     return plan
 
@@ -157,16 +191,17 @@ def fused_attention_cuda(graph, kind: str, value: Tensor, query: Tensor,
                                          scale, negative_slope)[0]
     if not _registered and not available():
         raise RuntimeError('pyg_dfgnn CUDA kernels are not available')
-    plan = _plan(graph, kind, query, value, strategy)
-    colptr = csc_row = None
-    if torch.is_grad_enabled() and (
-            value.requires_grad or query.requires_grad or key.requires_grad
-            or (att is not None and att.requires_grad)):
-        colptr, csc_row, _ = graph.csc()
-    # The op makes its inputs contiguous and, when it records a backward,
-    # returns a copy of the output it saves, so that in-place edits of the
-    # result (`h.relu_()` on a conv's output view) stay legal as with PyG's
-    # unfused chain (kernels/autograd.cpp).
-    return _op(graph.rowptr, graph.col, colptr, csc_row, KIND_IDS[kind],
-               query, key, value, att, float(scale), float(negative_slope),
-               *plan)[0]
+    backward = torch.is_grad_enabled() and (
+        value.requires_grad or query.requires_grad or key.requires_grad
+        or (att is not None and att.requires_grad))
+    plan = _plan(graph, kind, query, value, strategy, backward)
+    colptr = csc_row = csc_perm = None
+    if backward:
+        colptr, csc_row, csc_perm = graph.csc()
+    # The op makes its inputs contiguous and saves only lse for the backward
+    # (which does not read the output), so in-place edits of the result
+    # (`h.relu_()` on a conv's output view) are legal as with PyG's unfused
+    # chain (kernels/autograd.cpp).
+    return _op(graph.rowptr, graph.col, colptr, csc_row, csc_perm,
+               KIND_IDS[kind], query, key, value, att, float(scale),
+               float(negative_slope), *plan)[0]

@@ -1,0 +1,89 @@
+"""Host cost per call of the fused op's layers (GPU), to find where the
+autograd path's time above the kernels goes on small graphs.
+
+    python scripts/host_overhead.py [--graph cora-like] [--iters 2000]
+
+Each line: microseconds per call of a loop of that step alone (host-bound
+loops: the GPU is idle most of the time on cora-like), then the GPU time of
+the same step (CUDA events, for comparison).
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, 'benchmarks')]
+from graphs import make_dfgraph  # noqa: E402
+
+import pyg_dfgnn  # noqa: E402
+from pyg_dfgnn.ops import cuda  # noqa: E402
+
+
+def per_call_us(fn, iters):
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / iters * 1e6
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument('--graph', default='cora-like')
+    p.add_argument('--iters', type=int, default=2000)
+    args = p.parse_args()
+    dev = torch.device('cuda')
+    graph, _, n = make_dfgraph(args.graph, dev)
+    colptr, csc_row, csc_perm = graph.csc()
+    q, k, v = (torch.randn(n, 1, 128, device=dev) for _ in range(3))
+    qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+    go = torch.randn_like(v)
+    cuda.available()
+    op = torch.ops.pyg_dfgnn
+    plan = cuda._plan(graph, 'dot', q, v, None, backward=True)
+    _, lse = op.fused_attention_fwd(graph.rowptr, graph.col, 0, q, k, v, None,
+                                    1.0, 0.2, *plan[:4])
+    steps = {
+        'fwd op (raw)': lambda: op.fused_attention_fwd(
+            graph.rowptr, graph.col, 0, q, k, v, None, 1.0, 0.2, *plan[:4]),
+        'bwd op (raw)': lambda: op.fused_attention_bwd(
+            go, graph.rowptr, graph.col, colptr, csc_row, csc_perm, 0, q, k, v,
+            None, lse, 1.0, 0.2, *plan[2:]),
+        'fused op, no grad': lambda: op.fused_attention(
+            graph.rowptr, graph.col, None, None, None, 0, q, k, v, None, 1.0,
+            0.2, *plan),
+        'fused op, grad (node)': lambda: op.fused_attention(
+            graph.rowptr, graph.col, colptr, csc_row, csc_perm, 0, qq, kk, vv,
+            None, 1.0, 0.2, *plan),
+        'cuda.fused_attention_cuda, grad': lambda: cuda.fused_attention_cuda(
+            graph, 'dot', vv, qq, kk, None, 1.0, 0.2),
+        'public fused_attention, grad': lambda: pyg_dfgnn.fused_attention(
+            graph, 'dot', vv, qq, kk, scale=1.0),
+    }
+
+    def node_grad():
+        out = op.fused_attention(graph.rowptr, graph.col, colptr, csc_row,
+                                 csc_perm, 0, qq, kk, vv, None, 1.0, 0.2,
+                                 *plan)[0]
+        torch.autograd.grad(out, (qq, kk, vv), go)
+
+    def public_grad():
+        out = pyg_dfgnn.fused_attention(graph, 'dot', vv, qq, kk, scale=1.0)
+        torch.autograd.grad(out, (qq, kk, vv), go)
+
+    steps['fused op + autograd.grad'] = node_grad
+    steps['public op + autograd.grad'] = public_grad
+    print(f'== host cost per call, {args.graph}, 1x128 fp32, '
+          f'{torch.cuda.get_device_name()}')
+    for name, fn in steps.items():
+        print(f'{name:34s} {per_call_us(fn, args.iters):8.1f} us')
+
+
+if __name__ == '__main__':
+    main()
