@@ -77,6 +77,10 @@ def main():
         out = pyg_dfgnn.fused_attention(graph, 'dot', vv, qq, kk, scale=1.0)
         torch.autograd.grad(out, (qq, kk, vv), go)
 
+    def floor_grad():  # the autograd engine alone, one CUDA op
+        torch.autograd.grad(vv * 2.0, (vv, ), go)
+
+    steps['x * 2 + autograd.grad (floor)'] = floor_grad
     steps['fused op + autograd.grad'] = node_grad
     steps['public op + autograd.grad'] = public_grad
     print(f'== host cost per call, {args.graph}, 1x128 fp32, '

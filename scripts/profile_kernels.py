@@ -1,6 +1,8 @@
-"""Run the SMMF forward once per case for `ncu` (kernel-level profile).
+"""Run the SMMF forward and the backward once per case for `ncu`
+(kernel-level profile).
 
-    ncu --kernel-name regex:smmf_fwd --section ... python scripts/profile_fwd.py
+    ncu --kernel-name regex:"smmf_fwd|bwd_kernel" --section ... \
+        python scripts/profile_kernels.py [graph:HxF:staged|plain,...]
 """
 import os
 import sys
@@ -25,13 +27,19 @@ def main():
         graph, _, n = make_dfgraph(name, dev)
         q, k, v = (torch.randn(n, h, f, device=dev) for _ in range(3))
         win, span = graph.row_windows(cuda._stage_capacity('dot', q, v))
+        cwin, cspan = graph.col_windows(cuda._col_stage_capacity('dot', q, v))
         if mode == 'plain':
-            win, span = None, 0
+            win, span, cwin, cspan = None, 0, None, 0
         print(case, 'windows', None if win is None else win.numel() - 1,
               'span', span, flush=True)
-        torch.ops.pyg_dfgnn.fused_attention_fwd(
+        _, lse = torch.ops.pyg_dfgnn.fused_attention_fwd(
             graph.rowptr, graph.col, 0, q, k, v, None, 1.0, 0.2, 0,
             graph.max_in_degree, win, span)
+        colptr, csc_row, csc_perm = graph.csc()
+        torch.ops.pyg_dfgnn.fused_attention_bwd(
+            torch.randn_like(v), graph.rowptr, graph.col, colptr, csc_row,
+            csc_perm, 0, q, k, v, None, lse, 1.0, 0.2, win, span, cwin,
+            cspan)
         torch.cuda.synchronize()
 
 
