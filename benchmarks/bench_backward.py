@@ -160,7 +160,8 @@ def main():
                         return ops.fused_attention_bwd(
                             dout, graph.rowptr, graph.col, colptr, csc_row,
                             csc_perm, kid, q, k, v, att, lse, scale, 0.2, win,
-                            span, cwin, cspan)
+                            span, cwin, cspan, graph.max_in_degree,
+                            graph.max_out_degree)
                     bwd_ms = time_ms(bwd, args.reps)
                     fl = floor_us(kind, n, n, E, H, F, v.element_size())
                     row = dict(graph=gname, kind=kind, dtype=dname, H=H, F=F,

@@ -186,7 +186,7 @@ def bench_case(graph_name: str, graph, edge_index, num_nodes: int,
                     *plan[:4])
                 return ops.fused_attention_bwd(
                     grad, graph.rowptr, graph.col, colptr, csc_row, csc_perm,
-                    0, q, k, v, None, lse, 1.0, 0.0, *plan[2:])
+                    0, q, k, v, None, lse, 1.0, 0.0, *cuda_ops.bwd_plan_args(plan))
 
     def unf_fwd():
         with torch.no_grad():

@@ -46,7 +46,7 @@ using BwdSig = std::tuple<Tensor, Tensor, Tensor, Tensor>(
     const Tensor&, int64_t, const Tensor&, const Tensor&, const Tensor&,
     const c10::optional<Tensor>&, const Tensor&, double, double,
     const c10::optional<Tensor>&, int64_t, const c10::optional<Tensor>&,
-    int64_t);
+    int64_t, int64_t, int64_t);
 
 const c10::TypedOperatorHandle<BwdSig>& bwd_op() {
   static const auto op =
@@ -72,6 +72,7 @@ struct GraphArgs {
   int64_t stage_nodes;
   const c10::optional<Tensor>& col_windows;
   int64_t col_stage_nodes;
+  int64_t max_out_degree;
 };
 
 class FusedAttention : public torch::autograd::Function<FusedAttention> {
@@ -102,6 +103,8 @@ class FusedAttention : public torch::autograd::Function<FusedAttention> {
     data["stage_nodes"] = g.stage_nodes;
     data["col_windows"] = g.col_windows;
     data["col_stage_nodes"] = g.col_stage_nodes;
+    data["max_in_degree"] = g.max_in_degree;
+    data["max_out_degree"] = g.max_out_degree;
     ctx->mark_non_differentiable({lse});
     return {out, lse};
   }
@@ -130,7 +133,8 @@ class FusedAttention : public torch::autograd::Function<FusedAttention> {
         data["scale"].toDouble(), data["negative_slope"].toDouble(),
         data["windows"].toOptional<Tensor>(), data["stage_nodes"].toInt(),
         data["col_windows"].toOptional<Tensor>(),
-        data["col_stage_nodes"].toInt());
+        data["col_stage_nodes"].toInt(), data["max_in_degree"].toInt(),
+        data["max_out_degree"].toInt());
     // One entry per forward argument (GraphArgs last); undefined = no grad.
     return {ctx->needs_input_grad(0) ? gq : Tensor(),
             ctx->needs_input_grad(1) ? gk : Tensor(),
@@ -156,7 +160,7 @@ std::tuple<Tensor, Tensor> fused_attention_cuda(
     int64_t strategy, int64_t max_in_degree,
     const c10::optional<Tensor>& windows, int64_t stage_nodes,
     const c10::optional<Tensor>& /*col_windows*/,
-    int64_t /*col_stage_nodes*/) {
+    int64_t /*col_stage_nodes*/, int64_t /*max_out_degree*/) {
   return fused_attention_fwd_cuda(
       rowptr, col, kind, query.contiguous(), key.contiguous(),
       value.contiguous(), contiguous(att), scale, negative_slope, strategy,
@@ -170,7 +174,8 @@ std::tuple<Tensor, Tensor> fused_attention_autograd(
     const Tensor& value_in, const c10::optional<Tensor>& att_in, double scale,
     double negative_slope, int64_t strategy, int64_t max_in_degree,
     const c10::optional<Tensor>& windows, int64_t stage_nodes,
-    const c10::optional<Tensor>& col_windows, int64_t col_stage_nodes) {
+    const c10::optional<Tensor>& col_windows, int64_t col_stage_nodes,
+    int64_t max_out_degree) {
   const Tensor query = query_in.contiguous(), key = key_in.contiguous(),
                value = value_in.contiguous();
   const c10::optional<Tensor> att = contiguous(att_in);
@@ -188,7 +193,7 @@ std::tuple<Tensor, Tensor> fused_attention_autograd(
       query, key, value, att,
       GraphArgs{rowptr, col, colptr, csc_row, csc_perm, kind, scale,
                 negative_slope, strategy, max_in_degree, windows, stage_nodes,
-                col_windows, col_stage_nodes});
+                col_windows, col_stage_nodes, max_out_degree});
   return {outs[0], outs[1]};
 }
 
@@ -201,7 +206,7 @@ TORCH_LIBRARY_FRAGMENT(pyg_dfgnn, m) {
       "Tensor key, Tensor value, Tensor? att, float scale, "
       "float negative_slope, int strategy, int max_in_degree, "
       "Tensor? windows, int stage_nodes, Tensor? col_windows, "
-      "int col_stage_nodes) -> (Tensor, Tensor)");
+      "int col_stage_nodes, int max_out_degree=-1) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(pyg_dfgnn, CUDA, m) {

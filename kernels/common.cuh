@@ -204,6 +204,18 @@ __device__ __forceinline__ float score_part(const float* q_row,
   return acc;
 }
 
+// Last r in [0, n) with ptr[r] <= x (the owner of segment / edge x).
+__device__ __forceinline__ int64_t find_row(const int64_t* __restrict__ ptr,
+                                            int64_t n, int64_t x) {
+  // last r in [0, n) with ptr[r] <= x
+  int64_t lo = 0, hi = n - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) >> 1;
+    if (ptr[mid] <= x) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
 // Start of a feature pass: zero this lane's accumulators and find the head
 // of each of its slots (slot c0 + ls + s * group holds VW features).
 template <int VW, int SLOTS>

@@ -44,7 +44,7 @@ fused_attention_bwd_cuda(
     const c10::optional<at::Tensor>& att, const at::Tensor& lse, double scale,
     double negative_slope, const c10::optional<at::Tensor>& windows,
     int64_t stage_nodes, const c10::optional<at::Tensor>& col_windows,
-    int64_t col_stage_nodes) {
+    int64_t col_stage_nodes, int64_t max_in_degree, int64_t max_out_degree) {
   using pyg_dfgnn::bwd::Args;
   TORCH_CHECK(kind >= 0 && kind <= 2, "fused_attention_bwd: unknown kind ",
               kind);
@@ -152,6 +152,15 @@ fused_attention_bwd_cuda(
   a.col_windows = check_windows(col_windows, "col_windows");
   a.stage_nodes = stage_nodes;
   a.col_stage_nodes = col_stage_nodes;
+  // Unknown (-1): one host sync each (DFGraph knows them).
+  auto longest = [](const at::Tensor& ptr) -> int64_t {
+    return ptr.numel() < 2 ? 0
+                           : (ptr.slice(0, 1) - ptr.slice(0, 0, -1))
+                                 .max()
+                                 .item<int64_t>();
+  };
+  a.max_in_degree = max_in_degree >= 0 ? max_in_degree : longest(rowptr);
+  a.max_out_degree = max_out_degree >= 0 ? max_out_degree : longest(colptr);
   a.kind = kind;
   a.scale = scale;
   a.slope = negative_slope;

@@ -47,6 +47,8 @@ constexpr int kPlainWarps = 8;     // warps of a plain block
 constexpr int kPlainOwners = 16;   // owners of a plain block
 constexpr int kMaxThreads = 1024;  // -> <= 64 registers per thread
 constexpr int kMaxHeads = 128;     // item -> (edge, head) magic split
+constexpr int kSegEdges = 256;     // plain blocks: edges per segment of a
+                                   // long owner (partials + combine)
 constexpr int kUnrollRows = 4;     // neighbour rows in flight per lane
 constexpr int kUnrollCols = 2;     // (cols: two vectors per edge live)
 
@@ -66,6 +68,14 @@ struct BwdArgs {
   T* __restrict__ grad_a;           // rows: grad_query | cols: grad_key
   T* __restrict__ grad_b;           // cols: grad_value
   float* __restrict__ att_part;     // cols, gatv2: [blocks, H * D]
+  // Plain blocks of a graph with long owners: the units of work are
+  // segments of <= kSegEdges edges (seg_ptr [n_owner + 1]); an owner of
+  // several writes partial sums to part[slot_ptr[owner] + k] (rows: A, B
+  // [HD_k] each and D [H]; cols: dK [HD_k], dV [HF]), combined by
+  // bwd_combine_kernel. seg_ptr == nullptr: one unit per owner.
+  const int64_t* __restrict__ seg_ptr;
+  const int64_t* __restrict__ slot_ptr;
+  float* __restrict__ part;
   int64_t n_owner;
   int H, D, F;      // D: score vector length (1 for 'add')
   int item_group;   // lanes per item's dot products (power of two <= 8)
@@ -114,6 +124,27 @@ struct WarpScratch {
   int64_t* j;     // [kChunk] neighbour, relative to the staged base
   int64_t* e;     // [kChunk] cols: CSR edge id
 };
+
+// The edges [elo, ehi) of work unit u: owner u, or a segment of a long
+// owner (see BwdArgs::seg_ptr); slot >= 0: write partial sums there.
+struct Unit {
+  int64_t owner, elo, ehi, slot;
+};
+template <typename T, typename I>
+__device__ __forceinline__ Unit unit_of(const BwdArgs<T, I>& a, int64_t u) {
+  Unit x;
+  if (a.seg_ptr == nullptr) {
+    x.owner = u, x.elo = a.ptr[u], x.ehi = a.ptr[u + 1], x.slot = -1;
+    return x;
+  }
+  const int64_t o = find_row(a.seg_ptr, a.n_owner, u);
+  const int64_t k = u - a.seg_ptr[o];
+  x.owner = o;
+  x.elo = a.ptr[o] + k * kSegEdges;
+  x.ehi = min(x.elo + kSegEdges, a.ptr[o + 1]);
+  x.slot = a.seg_ptr[o + 1] - a.seg_ptr[o] > 1 ? a.slot_ptr[o] + k : -1;
+  return x;
+}
 
 // Lanes (sub, ls): ls over the owner's feature vectors (slot c0 + ls + s *
 // group), sub over the chunk's edges (every epar-th). `body(e, s, sl, x)`
@@ -183,9 +214,10 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
     int r = 0;
     if (lane == 0) r = atomicAdd(next, 1);
     r = __shfl_sync(kFullMask, r, 0);
-    const int64_t row = r_begin + r;
-    if (row >= r_end) break;
-    const int64_t elo = a.ptr[row], ehi = a.ptr[row + 1];
+    if (r_begin + r >= r_end) break;
+    const Unit un = unit_of(a, r_begin + r);
+    const int64_t row = un.owner, elo = un.elo, ehi = un.ehi;
+    float* part = un.slot >= 0 ? a.part + un.slot * (2 * HD_k + H) : nullptr;
     for (int i = lane; i < HD_k; i += kWarpSize)
       w.own[i] = to_float(a.own_a[row * HD_k + i]);
     for (int i = lane; i < HF; i += kWarpSize)
@@ -308,7 +340,13 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
 #pragma unroll
           for (int s = 0; s < SLOTS; ++s) {
             const int sl = c0 + ls + s * group;
-            if (sl < slots) {
+            if (sl < slots && part != nullptr) {
+#pragma unroll
+              for (int i = 0; i < VW; ++i) {
+                part[sl * VW + i] = acc_a[s][i];
+                part[HD_k + sl * VW + i] = acc_b[s][i];
+              }
+            } else if (sl < slots) {
               const float d = dsum[hs[s]];
               float x[VW];
 #pragma unroll
@@ -319,11 +357,21 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
           }
         }
       } else {
-        for (int h = lane; h < H; h += kWarpSize)
-          a.grad_a[row * H + h] = from_float<T>(add_a[h] - dsum[h] * add_b[h]);
+        for (int h = lane; h < H; h += kWarpSize) {
+          if (part != nullptr)
+            part[h] = add_a[h], part[HD_k + h] = add_b[h];
+          else
+            a.grad_a[row * H + h] =
+                from_float<T>(add_a[h] - dsum[h] * add_b[h]);
+        }
       }
     }
-    for (int h = lane; h < H; h += kWarpSize) a.drow[row * H + h] = dsum[h];
+    for (int h = lane; h < H; h += kWarpSize) {
+      if (part != nullptr)
+        part[2 * HD_k + h] = dsum[h];
+      else
+        a.drow[row * H + h] = dsum[h];
+    }
     __syncwarp();  // the next row overwrites this warp's scratch
   }
 }
@@ -360,9 +408,10 @@ __device__ __forceinline__ void cols_pass(const BwdArgs<T, I>& a,
       if (lane == 0) r = atomicAdd(next, 1);
       r = __shfl_sync(kFullMask, r, 0);
     }
-    const int64_t col = c_begin + r;
-    if (col >= c_end) break;
-    const int64_t elo = a.ptr[col], ehi = a.ptr[col + 1];
+    if (c_begin + r >= c_end) break;
+    const Unit un = unit_of(a, c_begin + r);
+    const int64_t col = un.owner, elo = un.elo, ehi = un.ehi;
+    float* part = un.slot >= 0 ? a.part + un.slot * (HD_k + HF) : nullptr;
     if constexpr (KIND != kDot)
       for (int i = lane; i < HD_k; i += kWarpSize)
         w.own[i] = to_float(a.own_a[col * HD_k + i]);
@@ -448,14 +497,22 @@ __device__ __forceinline__ void cols_pass(const BwdArgs<T, I>& a,
 #pragma unroll
         for (int s = 0; s < SLOTS; ++s) {
           const int sl = c0 + ls + s * group;
+          if (sl < slots && part != nullptr) {
+            const int off =
+                sl < slots_k ? sl * VW : HD_k + (sl - slots_k) * VW;
+#pragma unroll
+            for (int i = 0; i < VW; ++i) part[off + i] = acc[s][i];
+          }
           if (sl < slots_k) {
 #pragma unroll
             for (int i = 0; i < VW; ++i) acc[s][i] *= gscale;
-            store_vec<T, VW>(a.grad_a + col * HD_k + (int64_t)sl * VW, acc[s]);
+            if (part == nullptr)
+              store_vec<T, VW>(a.grad_a + col * HD_k + (int64_t)sl * VW,
+                               acc[s]);
             if constexpr (KIND == kGatv2)
 #pragma unroll
               for (int i = 0; i < VW; ++i) w.own2[sl * VW + i] += lacc[s][i];
-          } else if (sl < slots) {
+          } else if (sl < slots && part == nullptr) {
             store_vec<T, VW>(
                 a.grad_b + col * HF + (int64_t)(sl - slots_k) * VW, acc[s]);
           }
@@ -464,8 +521,12 @@ __device__ __forceinline__ void cols_pass(const BwdArgs<T, I>& a,
     }
     __syncwarp();  // add_k complete
     if constexpr (KIND == kAdd)
-      for (int h = lane; h < H; h += kWarpSize)
-        a.grad_a[col * H + h] = from_float<T>(add_k[h]);
+      for (int h = lane; h < H; h += kWarpSize) {
+        if (part != nullptr)
+          part[h] = add_k[h];
+        else
+          a.grad_a[col * H + h] = from_float<T>(add_k[h]);
+      }
     __syncwarp();  // the next owner overwrites this warp's scratch
   }
 }
@@ -507,9 +568,11 @@ __global__ void __launch_bounds__(kMaxThreads)
     o_begin = windows[blockIdx.x];
     o_end = windows[blockIdx.x + 1];
   } else {
+    const int64_t n_units =
+        a.seg_ptr != nullptr ? a.seg_ptr[a.n_owner] : a.n_owner;
     o_begin = (int64_t)blockIdx.x * kPlainOwners;
-    o_end = o_begin + kPlainOwners < a.n_owner ? o_begin + kPlainOwners
-                                               : a.n_owner;
+    o_end = o_begin + kPlainOwners < n_units ? o_begin + kPlainOwners
+                                             : n_units;
   }
   if (tid == 0) {
     s_next[0] = 0;
@@ -604,12 +667,59 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
+// Owners of several segments: sum their partials in segment order (a warp
+// per owner; deterministic). Rows: dQ = (A - D B) * g, drow = D; cols: dK
+// (times g), dV.
+template <typename T, int KIND, bool COLS>
+__global__ void __launch_bounds__(256)
+    bwd_combine_kernel(const int64_t* __restrict__ seg_ptr,
+                       const int64_t* __restrict__ slot_ptr,
+                       const float* __restrict__ part, int64_t n_owner, int H,
+                       int D, int F, float gscale, T* __restrict__ grad_a,
+                       T* __restrict__ grad_b, float* __restrict__ drow) {
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int64_t o = (int64_t)blockIdx.x * (blockDim.x / kWarpSize) + warp;
+  if (o >= n_owner) return;
+  const int64_t nseg = seg_ptr[o + 1] - seg_ptr[o];
+  if (nseg <= 1) return;
+  const int HD_k = KIND == kAdd ? H : H * D, HF = H * F;
+  const float* p0 = part + slot_ptr[o] * (COLS ? HD_k + HF : 2 * HD_k + H);
+  const int64_t W = COLS ? HD_k + HF : 2 * HD_k + H;
+  if constexpr (COLS) {
+    for (int f = lane; f < HD_k + HF; f += kWarpSize) {
+      float sum = 0.f;
+      for (int64_t k = 0; k < nseg; ++k) sum += p0[k * W + f];
+      if (f < HD_k)
+        grad_a[o * HD_k + f] = from_float<T>(sum * gscale);
+      else
+        grad_b[o * HF + f - HD_k] = from_float<T>(sum);
+    }
+  } else {
+    for (int f = lane; f < HD_k; f += kWarpSize) {
+      const int h = KIND == kAdd ? f : f / D;
+      float A = 0.f, B = 0.f, Ds = 0.f;
+      for (int64_t k = 0; k < nseg; ++k) {
+        A += p0[k * W + f];
+        B += p0[k * W + HD_k + f];
+        Ds += p0[k * W + 2 * HD_k + h];
+      }
+      grad_a[o * HD_k + f] = from_float<T>((A - Ds * B) * gscale);
+    }
+    for (int h = lane; h < H; h += kWarpSize) {
+      float Ds = 0.f;
+      for (int64_t k = 0; k < nseg; ++k) Ds += p0[k * W + 2 * HD_k + h];
+      drow[o * H + h] = Ds;
+    }
+  }
+}
+
 // ============================================================ host side
 // Everything the typed host code needs (tensors already checked).
 struct Args {
   at::Tensor grad_out, rowptr, col, colptr, csc_row, csc_perm, query, key,
       value, att, lse, windows, col_windows;
   int64_t kind, stage_nodes, col_stage_nodes;
+  int64_t max_in_degree, max_out_degree;  // longest CSR row / CSC column
   double scale, slope;
   // outputs, allocated by the caller
   at::Tensor grad_query, grad_key, grad_value, grad_att;
@@ -622,7 +732,8 @@ namespace detail {
 // One pass's launch: staged windows when given (and the layout fits), else
 // plain blocks; warps halved while the per-warp scratch does not fit.
 template <typename T, typename I, int KIND, bool VEC, bool COLS>
-void launch(const BwdArgs<T, I>& args, const at::Tensor& windows,
+void launch(const BwdArgs<T, I>& args, const at::Tensor& ptr,
+            int64_t n_edges, int64_t max_degree, const at::Tensor& windows,
             int64_t stage_nodes, int optin, at::Tensor* att_part,
             const at::TensorOptions& fopt) {
   auto kernel = bwd_kernel<T, I, KIND, VEC, COLS>;
@@ -651,10 +762,28 @@ void launch(const BwdArgs<T, I>& args, const at::Tensor& windows,
                 "fused_attention_bwd: H * F = ", HF, " (H * D = ", HD_k,
                 ") needs more shared memory per warp than the device has");
   }
-  const int64_t blocks = staged ? windows.numel() - 1
-                                : (args.n_owner + kPlainOwners - 1) /
-                                      kPlainOwners;
   BwdArgs<T, I> a = args;
+  // Plain blocks with long owners (super nodes): segments of kSegEdges
+  // edges spread one owner over many warps (bounds known without a sync).
+  at::Tensor seg_ptr, slot_ptr, part;
+  int64_t units = args.n_owner;
+  if (!staged && max_degree > kSegEdges) {
+    const int64_t n = args.n_owner;
+    auto deg = ptr.slice(0, 1) - ptr.slice(0, 0, n);
+    auto nseg = deg.add(kSegEdges - 1).div(kSegEdges, "floor").clamp_min(1);
+    auto zero = at::zeros({1}, ptr.options());
+    seg_ptr = at::cat({zero, nseg.cumsum(0)});
+    slot_ptr = at::cat(
+        {zero, at::where(nseg > 1, nseg, at::zeros_like(nseg)).cumsum(0)});
+    units = n + n_edges / kSegEdges + 1;
+    const int64_t W = COLS ? HD_k + HF : 2 * HD_k + H;
+    part = at::empty({2 * (n_edges / kSegEdges) + 2, W}, fopt);
+    a.seg_ptr = seg_ptr.data_ptr<int64_t>();
+    a.slot_ptr = slot_ptr.data_ptr<int64_t>();
+    a.part = part.data_ptr<float>();
+  }
+  const int64_t blocks = staged ? windows.numel() - 1
+                                : (units + kPlainOwners - 1) / kPlainOwners;
   if (att_part != nullptr) {
     *att_part = at::empty({std::max<int64_t>(blocks, 0), HD_att}, fopt);
     a.att_part = att_part->data_ptr<float>();
@@ -668,6 +797,14 @@ void launch(const BwdArgs<T, I>& args, const at::Tensor& windows,
            c10::cuda::getCurrentCUDAStream()>>>(
       a, staged ? windows.data_ptr<int64_t>() : nullptr, (int)span);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (seg_ptr.defined()) {
+    bwd_combine_kernel<T, KIND, COLS>
+        <<<(unsigned)((a.n_owner + 7) / 8), 256, 0,
+           c10::cuda::getCurrentCUDAStream()>>>(
+            a.seg_ptr, a.slot_ptr, a.part, a.n_owner, H, D, args.F,
+            KIND == kDot ? args.scale : 1.f, a.grad_a, a.grad_b, a.drow);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
 }
 
 template <typename T, typename I, int KIND, bool VEC>
@@ -705,8 +842,8 @@ void run_passes(Args& A, int optin) {
   r.grad_a = A.grad_query.data_ptr<T>();
   r.n_owner = n_dst;
   r.group = std::min(32, next_pow2(std::max(1, slots_k)));
-  launch<T, I, KIND, VEC, false>(r, A.windows, A.stage_nodes, optin, nullptr,
-                                 fopt);
+  launch<T, I, KIND, VEC, false>(r, A.rowptr, E, A.max_in_degree, A.windows,
+                                 A.stage_nodes, optin, nullptr, fopt);
   // cols pass: grad_key, grad_value, d att partials
   BwdArgs<T, I> c = a;
   c.ptr = A.colptr.data_ptr<int64_t>();
@@ -720,7 +857,8 @@ void run_passes(Args& A, int optin) {
   c.n_owner = n_src;
   c.group = std::min(32, next_pow2(slots_k + slots_v));
   at::Tensor att_part;
-  launch<T, I, KIND, VEC, true>(c, A.col_windows, A.col_stage_nodes, optin,
+  launch<T, I, KIND, VEC, true>(c, A.colptr, E, A.max_out_degree,
+                                A.col_windows, A.col_stage_nodes, optin,
                                 KIND == kGatv2 ? &att_part : nullptr, fopt);
   if (KIND == kGatv2) A.grad_att.copy_(att_part.sum(0).view({H, D}));
 }

@@ -410,16 +410,6 @@ __global__ void __launch_bounds__(kSmmfMaxThreads)
 }
 
 // ============================================================= PMF kernels
-__device__ __forceinline__ int64_t find_row(const int64_t* __restrict__ ptr,
-                                            int64_t n, int64_t x) {
-  // last r in [0, n) with ptr[r] <= x
-  int64_t lo = 0, hi = n - 1;
-  while (lo < hi) {
-    const int64_t mid = (lo + hi + 1) >> 1;
-    if (ptr[mid] <= x) lo = mid; else hi = mid - 1;
-  }
-  return lo;
-}
 
 // a. edge-parallel SDDMM: scores[e, h] for all edges.
 template <typename T, typename I, int KIND, bool VEC>

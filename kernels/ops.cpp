@@ -26,11 +26,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd(
     const c10::optional<at::Tensor>& att, const at::Tensor& lse, double scale,
     double negative_slope, const c10::optional<at::Tensor>& windows,
     int64_t stage_nodes, const c10::optional<at::Tensor>& col_windows,
-    int64_t col_stage_nodes) {
+    int64_t col_stage_nodes, int64_t max_in_degree, int64_t max_out_degree) {
   auto grads = fused_attention_bwd_cuda(
       grad_out, rowptr, col, colptr, csc_row, csc_perm, kind, query, key,
       value, att, lse, scale, negative_slope, windows, stage_nodes,
-      col_windows, col_stage_nodes);
+      col_windows, col_stage_nodes, max_in_degree, max_out_degree);
   // A schema output cannot be undefined: no 'att' -> an empty grad_att.
   if (!std::get<3>(grads).defined())
     std::get<3>(grads) = at::empty({0}, value.options());
@@ -50,7 +50,8 @@ TORCH_LIBRARY(pyg_dfgnn, m) {
       "Tensor colptr, Tensor csc_row, Tensor csc_perm, int kind, "
       "Tensor query, Tensor key, Tensor value, Tensor? att, Tensor lse, "
       "float scale, float negative_slope, Tensor? windows=None, "
-      "int stage_nodes=0, Tensor? col_windows=None, int col_stage_nodes=0) "
+      "int stage_nodes=0, Tensor? col_windows=None, int col_stage_nodes=0, "
+      "int max_in_degree=-1, int max_out_degree=-1) "
       "-> (Tensor, Tensor, Tensor, Tensor)");
 }
 

@@ -39,7 +39,10 @@ std::tuple<at::Tensor, at::Tensor> fused_attention_fwd_cuda(
 // csc_perm: CSR edge id of each CSC entry. windows / stage_nodes: the
 // forward's row windows (rows pass); col_windows / col_stage_nodes: windows
 // over source nodes whose destinations are contiguous (DFGraph.col_windows),
-// for the cols pass. Only lse comes from the forward (no output).
+// for the cols pass. max_in_degree / max_out_degree: longest CSR row / CSC
+// column (-1 = unknown: computed, one sync each); owners longer than a
+// segment are split over warps when no windows are given. Only lse comes
+// from the forward (no output).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 fused_attention_bwd_cuda(
     const at::Tensor& grad_out, const at::Tensor& rowptr, const at::Tensor& col,
@@ -49,4 +52,4 @@ fused_attention_bwd_cuda(
     const c10::optional<at::Tensor>& att, const at::Tensor& lse, double scale,
     double negative_slope, const c10::optional<at::Tensor>& windows,
     int64_t stage_nodes, const c10::optional<at::Tensor>& col_windows,
-    int64_t col_stage_nodes);
+    int64_t col_stage_nodes, int64_t max_in_degree, int64_t max_out_degree);

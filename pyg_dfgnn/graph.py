@@ -303,6 +303,7 @@ class DFGraph:
             max_in_degree = int(self.in_degree.max()) if self.num_dst else 0
         self.max_in_degree = int(max_in_degree)
         self._csc: Optional[Tuple[Tensor, Tensor, Tensor]] = None
+        self._max_out_degree: Optional[int] = None
         self._row: Optional[Tensor] = None
         # ('row' | 'col', max_nodes, pack_rows) -> row_windows / col_windows
         self._windows: dict = {}
@@ -397,6 +398,16 @@ class DFGraph:
                              self.row[csc_perm].to(dtype),
                              csc_perm.to(dtype))
         return self._csc
+
+    @property
+    def max_out_degree(self) -> int:
+        """The longest CSC column (most destinations of one source); built
+        with the CSC, one host sync, cached."""
+        if self._max_out_degree is None:
+            colptr = self.csc()[0]
+            self._max_out_degree = int(colptr.diff().max()) \
+                if self.num_src > 0 else 0
+        return self._max_out_degree
 
     def row_windows(self, max_nodes: int,
                     pack_rows: int = 64) -> Tuple[Optional[Tensor], int]:

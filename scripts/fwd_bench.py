@@ -95,7 +95,8 @@ def main(argv=None):
                     torch.ops.pyg_dfgnn.fused_attention_bwd(
                         go, graph.rowptr, graph.col, colptr, csc_row,
                         csc_perm, 0, q, k, v, None, lse, 1.0, 0.2, win, stage,
-                        cwin, cstage)
+                        cwin, cstage, graph.max_in_degree,
+                        graph.max_out_degree)
 
                 t_ops = timer(ops_fwd_bwd)
                 t_fb = float('nan')

@@ -54,7 +54,7 @@ def main():
             graph.rowptr, graph.col, 0, q, k, v, None, 1.0, 0.2, *plan[:4]),
         'bwd op (raw)': lambda: op.fused_attention_bwd(
             go, graph.rowptr, graph.col, colptr, csc_row, csc_perm, 0, q, k, v,
-            None, lse, 1.0, 0.2, *plan[2:]),
+            None, lse, 1.0, 0.2, *cuda.bwd_plan_args(plan)),
         'fused op, no grad': lambda: op.fused_attention(
             graph.rowptr, graph.col, None, None, None, 0, q, k, v, None, 1.0,
             0.2, *plan),

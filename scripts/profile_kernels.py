@@ -39,7 +39,7 @@ def main():
         torch.ops.pyg_dfgnn.fused_attention_bwd(
             torch.randn_like(v), graph.rowptr, graph.col, colptr, csc_row,
             csc_perm, 0, q, k, v, None, lse, 1.0, 0.2, win, span, cwin,
-            cspan)
+            cspan, graph.max_in_degree, graph.max_out_degree)
         torch.cuda.synchronize()
 
 

@@ -36,11 +36,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd(
     const at::Tensor& v, const c10::optional<at::Tensor>& att,
     const at::Tensor& lse, double scale, double slope,
     const c10::optional<at::Tensor>& windows, int64_t stage_nodes,
-    const c10::optional<at::Tensor>& col_windows, int64_t col_stage_nodes) {
+    const c10::optional<at::Tensor>& col_windows, int64_t col_stage_nodes,
+    int64_t max_in_degree, int64_t max_out_degree) {
   auto g = fused_attention_bwd_cuda(go, rp, col, cp, cr, perm, kind, q, k, v,
                                     att, lse, scale, slope, windows,
-                                    stage_nodes, col_windows,
-                                    col_stage_nodes);
+                                    stage_nodes, col_windows, col_stage_nodes,
+                                    max_in_degree, max_out_degree);
   if (!std::get<3>(g).defined()) std::get<3>(g) = at::empty({0}, v.options());
   return g;
 }
@@ -50,7 +51,8 @@ TORCH_LIBRARY(pyg_dfgnn_bwd_only, m) {
         "Tensor colptr, Tensor csc_row, Tensor csc_perm, int kind, "
         "Tensor query, Tensor key, Tensor value, Tensor? att, Tensor lse, "
         "float scale, float negative_slope, Tensor? windows=None, "
-        "int stage_nodes=0, Tensor? col_windows=None, int col_stage_nodes=0) "
+        "int stage_nodes=0, Tensor? col_windows=None, int col_stage_nodes=0, "
+        "int max_in_degree=-1, int max_out_degree=-1) "
         "-> (Tensor, Tensor, Tensor, Tensor)");
 }
 TORCH_LIBRARY_IMPL(pyg_dfgnn_bwd_only, CUDA, m) {
@@ -251,6 +253,16 @@ def test_backward_wide_features():
     for dtype, F in ((torch.float32, 512), (torch.bfloat16, 1024)):
         errs = run_case('batch', 300, 'dot', dtype, 1, F, F)
         assert all(e <= TOL[dtype] for e in errs.values()), (dtype, errs)
+
+
+@pytest.mark.parametrize('kind,dtype,H,F', [
+    ('dot', torch.float32, 2, 32), ('add', torch.float32, 1, 17),
+    ('gatv2', torch.bfloat16, 3, 16), ('dot', torch.float32, 1, 128)])
+def test_backward_long_owners_in_segments(kind, dtype, H, F):
+    # node 0 hears from ~4000 nodes and node 1 talks to all of them: both
+    # passes split them into segments of 256 edges (partials + combine)
+    errs = run_case('super', 4000, kind, dtype, H, F, F, seed=5, repeat=2)
+    assert all(e <= TOL[dtype] for e in errs.values()), errs
 
 
 def test_backward_is_deterministic():

@@ -56,7 +56,8 @@ def _bwd_fake(grad_out, rowptr, col, colptr, csc_row, csc_perm, kind, query,
 
 def _fused_fake(rowptr, col, colptr, csc_row, csc_perm, kind, query, key,
                 value, att, scale, negative_slope, strategy, max_in_degree,
-                windows, stage_nodes, col_windows, col_stage_nodes):
+                windows, stage_nodes, col_windows, col_stage_nodes,
+                max_out_degree=-1):
     return _fwd_fake(rowptr, col, kind, query, key, value, att, scale,
                      negative_slope, strategy, max_in_degree)
 
@@ -128,17 +129,18 @@ def _col_stage_capacity(kind: str, query: Tensor, value: Tensor) -> int:
 
 
 _PLANS_ATTR = '_dfgnn_cuda_plans'
-Plan = Tuple[int, int, Optional[Tensor], int, Optional[Tensor], int]
+Plan = Tuple[int, int, Optional[Tensor], int, Optional[Tensor], int, int]
 
 
 def _plan(graph, kind: str, query: Tensor, value: Tensor,
           strategy: Optional[str], backward: bool = False) -> Plan:
     """``(strategy id, max_in_degree, windows, stage_nodes, col_windows,
-    col_stage_nodes)``: the launch arguments that depend only on the graph
+    col_stage_nodes, max_out_degree)``: the launch arguments that depend only on the graph
     and the feature shapes, cached on the graph per shape (the eager hot
     path then does one dict lookup). The column windows of the backward's
     cols pass are built only when a ``backward`` will run (else ``None,
-    0``)."""
+    0``); ``max_out_degree`` (one host sync per graph) only then too (else
+    -1)."""
     plans = getattr(graph, _PLANS_ATTR, None)
     if plans is None:
         plans = {}
@@ -159,19 +161,27 @@ def _plan(graph, kind: str, query: Tensor, value: Tensor,
         # Building windows syncs with the host (a graph break): a graph first
         # seen while tracing runs fixed windows in both passes (not cached,
         # so that eager calls still build the windows).
-        return (sid, int(graph.max_in_degree), None, 0, None, 0)
+        return (sid, int(graph.max_in_degree), None, 0, None, 0, -1)
     windows, stage_nodes = None, 0
     if strategy == SMMF:
         windows, stage_nodes = graph.row_windows(
             _stage_capacity(kind, query, value))
-    col_windows, col_stage_nodes = None, 0
+    col_windows, col_stage_nodes, max_out_degree = None, 0, -1
     if backward:
         col_windows, col_stage_nodes = graph.col_windows(
             _col_stage_capacity(kind, query, value))
+        max_out_degree = graph.max_out_degree
     plan = (sid, int(graph.max_in_degree), windows, stage_nodes, col_windows,
-            col_stage_nodes)
+            col_stage_nodes, max_out_degree)
     plans[key] = plan
     return plan
+
+
+def bwd_plan_args(plan: Plan) -> tuple:
+    """The trailing arguments of ``fused_attention_bwd`` from a plan:
+    ``(windows, stage_nodes, col_windows, col_stage_nodes, max_in_degree,
+    max_out_degree)``."""
+    return tuple(plan[2:6]) + (plan[1], plan[6])
 
 
 def fused_attention_cuda(graph, kind: str, value: Tensor, query: Tensor,
