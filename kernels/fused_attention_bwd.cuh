@@ -349,9 +349,11 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
             } else if (sl < slots) {
               const float d = dsum[hs[s]];
               float x[VW];
+              // D * B rounded like A's products (no FMA contraction): a row
+              // whose softmax is one edge (p = 1) then gives exactly 0
 #pragma unroll
               for (int i = 0; i < VW; ++i)
-                x[i] = (acc_a[s][i] - d * acc_b[s][i]) * gscale;
+                x[i] = (acc_a[s][i] - __fmul_rn(d, acc_b[s][i])) * gscale;
               store_vec<T, VW>(a.grad_a + row * HD_k + (int64_t)sl * VW, x);
             }
           }
@@ -362,7 +364,7 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
             part[h] = add_a[h], part[HD_k + h] = add_b[h];
           else
             a.grad_a[row * H + h] =
-                from_float<T>(add_a[h] - dsum[h] * add_b[h]);
+                from_float<T>(add_a[h] - __fmul_rn(dsum[h], add_b[h]));
         }
       }
     }
@@ -703,7 +705,7 @@ __global__ void __launch_bounds__(256)
         B += p0[k * W + HD_k + f];
         Ds += p0[k * W + 2 * HD_k + h];
       }
-      grad_a[o * HD_k + f] = from_float<T>((A - Ds * B) * gscale);
+      grad_a[o * HD_k + f] = from_float<T>((A - __fmul_rn(Ds, B)) * gscale);
     }
     for (int h = lane; h < H; h += kWarpSize) {
       float Ds = 0.f;

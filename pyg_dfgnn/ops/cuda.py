@@ -47,7 +47,8 @@ def _fwd_fake(rowptr, col, kind, query, key, value, att, scale,
 
 def _bwd_fake(grad_out, rowptr, col, colptr, csc_row, csc_perm, kind, query,
               key, value, att, lse, scale, negative_slope, windows=None,
-              stage_nodes=0, col_windows=None, col_stage_nodes=0):
+              stage_nodes=0, col_windows=None, col_stage_nodes=0,
+              max_in_degree=-1, max_out_degree=-1):
     grad_att = torch.empty_like(att) if att is not None else \
         value.new_empty((0, ))
     return (torch.empty_like(query), torch.empty_like(key),
