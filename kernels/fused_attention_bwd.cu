@@ -107,6 +107,8 @@ fused_attention_bwd_cuda(
                 "[N_dst, H, D], got ", query.sizes());
     D = query.size(2);
     TORCH_CHECK(D >= 1, "fused_attention_bwd: D must be >= 1");
+    TORCH_CHECK(H * D <= (int64_t)1 << 30,
+                "fused_attention_bwd: H*D too large");
     check_shape(query, "query", {n_dst, H, D});
     check_shape(key, "key", {n_src, H, D});
     if (kind == kGatv2) {

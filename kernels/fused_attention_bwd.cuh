@@ -97,18 +97,23 @@ __host__ __device__ inline size_t pad4(int floats) {
 struct BwdLayout {
   size_t b, r, att, scalars, warps, warp_bytes, total;
 };
-__host__ __device__ inline BwdLayout bwd_layout(bool cols, int span, int H,
-                                                int HD_k, int HF, int HD_att,
-                                                int warps, size_t elem) {
+__host__ __device__ inline BwdLayout bwd_layout(bool cols, int kind,
+                                                int span, int H, int HD_k,
+                                                int HF, int HD_att, int warps,
+                                                size_t elem) {
   BwdLayout L;
   L.b = align16((size_t)span * HD_k * elem);
   L.r = align16(L.b + (size_t)span * HF * elem);
   L.att = align16(L.r + (cols ? (size_t)span * H * 4 : 0));
   L.scalars = align16(L.att + (size_t)HD_att * 4);
   L.warps = L.scalars + 16;
+  // (the key row only for gatv2 / 'add'; A, B and t * leaky' only 'add')
+  const bool add = kind == kAdd;
   const size_t floats =
-      cols ? pad4(HD_k) + pad4(HD_att) + H + 2 * (size_t)H * kChunk
-           : pad4(HD_k) + pad4(HF) + 4 * (size_t)H + 3 * (size_t)H * kChunk;
+      cols ? (kind == kDot ? 0 : pad4(HD_k)) + pad4(HD_att) + H +
+                 2 * (size_t)H * kChunk
+           : pad4(HD_k) + pad4(HF) + (add ? 4 : 2) * (size_t)H +
+                 (add ? 3 : 2) * (size_t)H * kChunk;
   L.warp_bytes = align16(floats * 4) + 2 * kChunk * sizeof(int64_t);
   L.total = L.warps + (size_t)warps * L.warp_bytes;
   return L;
@@ -232,9 +237,12 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
       int hs[SLOTS];
       begin_pass<VW, SLOTS>(acc_a, hs, c0, ls, group, H, D);
       begin_pass<VW, SLOTS>(acc_b, hs, c0, ls, group, H, D);
-      __syncwarp();  // the previous pass has read dsum
-      for (int h = lane; h < H; h += kWarpSize)
-        dsum[h] = add_a[h] = add_b[h] = 0.f;
+      __syncwarp();  // the previous row has read dsum
+      if (pass == 0)
+        for (int h = lane; h < H; h += kWarpSize) {
+          dsum[h] = 0.f;
+          if constexpr (KIND == kAdd) add_a[h] = add_b[h] = 0.f;
+        }
 
       for (int64_t cb = elo; cb < ehi; cb += C) {
         const int n = (int)(ehi - cb < C ? ehi - cb : C);
@@ -242,9 +250,19 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
         if (lane < n) w.j[lane] = (int64_t)a.idx[cb + lane] - lo;
         __syncwarp();
         // items: s_ij and dp_ij, two per lane group in flight; the trip
-        // count is warp-uniform (group8_sum shuffles across groups)
+        // count is warp-uniform (group8_sum shuffles across groups). Later
+        // feature passes (H * D above one pass) read (p, t) back from ebuf,
+        // written by this warp in pass 0.
         const int n_items = n * H;
-        for (int it0 = 0; it0 < n_items; it0 += 2 * ng) {
+        if (pass > 0) {
+          for (int it = lane; it < n_items; it += kWarpSize) {
+            const int e = (int)(((unsigned)it * h_magic) >> 20), h = it - e * H;
+            const float2 pt = a.ebuf[(cb + e) * H + h];
+            w.p[h * C + e] = pt.x;
+            w.t[h * C + e] = pt.y;
+          }
+        }
+        for (int it0 = 0; pass == 0 && it0 < n_items; it0 += 2 * ng) {
           float ps[2], pd[2];
           int ie[2], ih[2];
 #pragma unroll
@@ -291,7 +309,7 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
         }
         __syncwarp();
         // per-head sums over the chunk: D (and A, B for 'add')
-        for (int h = 0; h < H; ++h) {
+        for (int h = 0; pass == 0 && h < H; ++h) {
           const float ts = warp_sum(lane < n ? w.t[h * C + lane] : 0.f);
           float as = 0.f, bs = 0.f;
           if constexpr (KIND == kAdd) {
@@ -439,15 +457,21 @@ __device__ __forceinline__ void cols_pass(const BwdArgs<T, I>& a,
           w.e[lane] = (int64_t)a.perm[cb + lane];
         }
         __syncwarp();
+        // ds only when this pass has dK slots (or 'add's d a_src)
+        // (gatv2 always: the branch costs it registers)
+        const bool need_ds = KIND == kAdd   ? pass == 0
+                             : KIND == kDot ? c0 < slots_k
+                                            : true;
         for (int it = lane; it < n * H; it += kWarpSize) {
           const int e = (int)(((unsigned)it * h_magic) >> 20), h = it - e * H;
           const float2 pt = a.ebuf[w.e[e] * H + h];
+          w.p[h * C + e] = pt.x;
+          if (!need_ds) continue;
           const OFF ir = (OFF)w.j[e];
           float ds = pt.y - pt.x * db[ir * H + h];
           if constexpr (KIND == kAdd)
             ds *= leaky_relu_grad(w.own[h] + to_float(qb[ir * H + h]),
                                   a.slope);
-          w.p[h * C + e] = pt.x;
           w.t[h * C + e] = ds;
         }
         __syncwarp();
@@ -545,8 +569,8 @@ __global__ void __launch_bounds__(kMaxThreads)
   constexpr int VW = VEC ? Vec<T>::kWidth : 1;
   // Accumulated floats per lane: rows 2 x SLOTS x VW (A, B); cols SLOTS x
   // VW, twice for gatv2 (d att). About 8 of them keep the kernels within 64
-  // registers without spills.
-  constexpr int kFloats = (!COLS || KIND == kGatv2) ? 4 : 8;
+  // registers (a few bytes of spills in some instantiations, see NOTES).
+  constexpr int kFloats = (!COLS || KIND == kGatv2 || !VEC) ? 4 : 8;
   constexpr int SLOTS =
       VEC ? (kFloats / VW > 1 ? kFloats / VW : 1) : kFloats / 2;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -556,7 +580,8 @@ __global__ void __launch_bounds__(kMaxThreads)
   const int HD_att = KIND == kGatv2 ? H * D : 0;
   const int n_warps = blockDim.x / kWarpSize;
   const BwdLayout L =
-      bwd_layout(COLS, stage_span, H, HD_k, HF, HD_att, n_warps, sizeof(T));
+      bwd_layout(COLS, KIND, stage_span, H, HD_k, HF, HD_att, n_warps,
+                 sizeof(T));
   T* s_a = reinterpret_cast<T*>(smem);
   T* s_b = reinterpret_cast<T*>(smem + L.b);
   float* s_r = reinterpret_cast<float*>(smem + L.r);
@@ -622,7 +647,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   WarpScratch w;
   w.own = f;
   if constexpr (COLS) {
-    w.own2 = w.own + pad4(HD_k);
+    w.own2 = w.own + (KIND == kDot ? 0 : pad4(HD_k));
     w.hv = w.own2 + pad4(HD_att);
     w.p = w.hv + H;
     w.t = w.p + H * kChunk;
@@ -631,9 +656,9 @@ __global__ void __launch_bounds__(kMaxThreads)
   } else {
     w.own2 = w.own + pad4(HD_k);
     w.hv = w.own2 + pad4(HF);
-    w.p = w.hv + 4 * H;
+    w.p = w.hv + (KIND == kAdd ? 4 : 2) * H;
     w.t = w.p + H * kChunk;
-    w.g = w.t + H * kChunk;
+    w.g = KIND == kAdd ? w.t + H * kChunk : nullptr;
   }
   w.j = reinterpret_cast<int64_t*>(base + L.warp_bytes -
                                    2 * kChunk * sizeof(int64_t));
@@ -743,18 +768,31 @@ void launch(const BwdArgs<T, I>& args, const at::Tensor& ptr,
   const int HD_k = KIND == kAdd ? H : H * D, HF = H * args.F;
   const int HD_att = KIND == kGatv2 ? H * D : 0;
   auto total = [&](int64_t span, int warps) {
-    return bwd_layout(COLS, (int)span, H, HD_k, HF, HD_att, warps, sizeof(T))
+    return bwd_layout(COLS, KIND, (int)span, H, HD_k, HF, HD_att, warps,
+                      sizeof(T))
         .total;
   };
   int warps = kStagedWarps;
   int64_t span = 0;
   const bool windowed = std::is_same<I, int32_t>::value && windows.defined() &&
                         stage_nodes > 0 && windows.numel() >= 2;
-  if (windowed && total(1, warps) <= (size_t)optin) {
-    const size_t base = total(0, warps), per = total(1, warps) - base;
-    span = std::min<int64_t>(stage_nodes,
-                             ((size_t)optin - base) / std::max<size_t>(per, 1));
-    while (span > 0 && total(span, warps) > (size_t)optin) --span;
+  // The most neighbours a block of `w` warps can stage (<= stage_nodes).
+  auto capacity = [&](int w) -> int64_t {
+    if (total(1, w) > (size_t)optin) return 0;
+    const size_t base = total(0, w), per = total(1, w) - base;
+    int64_t c = std::min<int64_t>(
+        stage_nodes, ((size_t)optin - base) / std::max<size_t>(per, 1));
+    while (c > 0 && total(c, w) > (size_t)optin) --c;
+    return c;
+  };
+  if (windowed) {
+    // The windows were cut for the forward's smaller scratch: when 32 warps
+    // cannot stage the widest one, 16 warps (half the scratch) may.
+    span = capacity(warps);
+    if (span < stage_nodes && capacity(kStagedWarps / 2) > span) {
+      warps = kStagedWarps / 2;
+      span = capacity(warps);
+    }
   }
   const bool staged = span > 0;
   if (!staged) {

@@ -120,11 +120,17 @@ def _col_stage_capacity(kind: str, query: Tensor, value: Tensor) -> int:
     heads, f_out = value.shape[1], value.shape[2]
     hd_k = heads if kind == 'add' else heads * query.shape[-1]
     hd_att = heads * query.shape[-1] if kind == 'gatv2' else 0
-    # 32 warps (kStagedWarps) x (key row, d att partial, d a_src [H],
-    # p / ds [2][H][32-edge chunk] fp32, neighbour / edge ids int64 [2][32])
-    # + att fp32 and the block scalars (bwd_layout, fused_attention_bwd.cuh)
-    scratch = 32 * ((hd_k + hd_att + heads + 2 * heads * 32) * 4 +
-                    2 * 32 * 8 + 16) + hd_att * 4 + 64
+    # 32 warps (kStagedWarps) x (key row unless 'dot', d att partial,
+    # d a_src [H], p / ds [2][H][32-edge chunk] fp32, neighbour / edge ids
+    # int64 [2][32]) + att fp32 and the block scalars (bwd_layout in
+    # kernels/fused_attention_bwd.cuh; rows padded to 4 floats, 16 bytes)
+    def pad4(n):
+        return (n + 3) // 4 * 4
+
+    floats = (0 if kind == 'dot' else pad4(hd_k)) + pad4(hd_att) + heads + \
+        2 * heads * 32
+    scratch = 32 * ((floats * 4 + 15) // 16 * 16 + 2 * 32 * 8) + \
+        pad4(hd_att) * 4 + 16 + 64
     per_node = (hd_k + heads * f_out) * value.element_size() + 4 * heads
     return max(0, (_smem_optin(value) - scratch) // per_node)
 
