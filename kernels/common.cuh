@@ -13,6 +13,9 @@
 //                                   (a power of two <= 32) lanes; every lane
 //                                   of the warp must call it
 //   next_pow2(x)                   host + device
+//   row tiles (forward and backward row kernels): load_smem, score_part,
+//   find_row, block_index_span, begin_pass, reduce_edge_groups, align16,
+//   copy_to_smem, group8_sum
 //   kFullMask, kWarpSize
 //   PYG_DFGNN_DISPATCH_FLOAT(dtype, NAME, ...)  -> scalar_t (float/half/bf16)
 //   PYG_DFGNN_DISPATCH_INDEX(dtype, NAME, ...)  -> index_t (int32_t/int64_t)
@@ -214,6 +217,35 @@ __device__ __forceinline__ int64_t find_row(const int64_t* __restrict__ ptr,
     if (ptr[mid] <= x) lo = mid; else hi = mid - 1;
   }
   return lo;
+}
+
+// Span of the neighbour ids idx[e0, e1) of a block's window, for staging:
+// returns hi - lo + 1 (0 when there are no edges) and sets lo. s_lo: two
+// ints of shared memory set to {INT32_MAX, -1} by one thread beforehand.
+// Every thread of the block calls it (two barriers inside).
+template <typename I>
+__device__ __forceinline__ int block_index_span(const I* __restrict__ idx,
+                                                int64_t e0, int64_t e1,
+                                                int* s_lo, int& lo) {
+  __syncthreads();  // s_lo initialised
+  int mn = INT32_MAX, mx = -1;
+  for (int64_t e = e0 + threadIdx.x; e < e1; e += blockDim.x) {
+    const int j = (int)idx[e];
+    mn = j < mn ? j : mn;
+    mx = j > mx ? j : mx;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    mn = min(mn, __shfl_xor_sync(kFullMask, mn, o));
+    mx = max(mx, __shfl_xor_sync(kFullMask, mx, o));
+  }
+  if (threadIdx.x % kWarpSize == 0) {
+    atomicMin(&s_lo[0], mn);
+    atomicMax(&s_lo[1], mx);
+  }
+  __syncthreads();
+  lo = s_lo[0];
+  return s_lo[1] >= 0 ? s_lo[1] - s_lo[0] + 1 : 0;
 }
 
 // Start of a feature pass: zero this lane's accumulators and find the head

@@ -612,28 +612,10 @@ __global__ void __launch_bounds__(kMaxThreads)
   bool staged = false;
   int src_lo = 0;
   if (stage_span > 0) {  // int32 indices only (host)
-    __syncthreads();
-    const int64_t e0 = a.ptr[o_begin], e1 = a.ptr[o_end];
-    int mn = INT32_MAX, mx = -1;
-    for (int64_t e = e0 + tid; e < e1; e += blockDim.x) {
-      const int j = (int)a.idx[e];
-      mn = j < mn ? j : mn;
-      mx = j > mx ? j : mx;
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      mn = min(mn, __shfl_xor_sync(kFullMask, mn, o));
-      mx = max(mx, __shfl_xor_sync(kFullMask, mx, o));
-    }
-    if (lane == 0) {
-      atomicMin(&s_lo[0], mn);
-      atomicMax(&s_lo[1], mx);
-    }
-    __syncthreads();
-    const int n_nbr = s_lo[1] - s_lo[0] + 1;
-    if (s_lo[1] >= 0 && n_nbr <= stage_span) {
+    const int n_nbr = block_index_span(a.idx, a.ptr[o_begin], a.ptr[o_end],
+                                       s_lo, src_lo);
+    if (n_nbr > 0 && n_nbr <= stage_span) {
       staged = true;
-      src_lo = s_lo[0];
       copy_to_smem<T, (KIND == kAdd ? 1 : VW)>(
           s_a, a.nbr_a + (int64_t)src_lo * HD_k, n_nbr * HD_k);
       copy_to_smem<T, VW>(s_b, a.nbr_b + (int64_t)src_lo * HF, n_nbr * HF);

@@ -342,7 +342,7 @@ __global__ void __launch_bounds__(kSmmfMaxThreads)
   int* s_next = reinterpret_cast<int*>(smem + L.scalars);
   int* s_lo = s_next + 1;  // [lo, hi] of the window's sources (two ints)
 
-  const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
+  const int tid = threadIdx.x, warp = tid / kWarpSize;
   int64_t r_begin, r_end;
   if (windows != nullptr) {
     r_begin = windows[blockIdx.x];
@@ -364,28 +364,10 @@ __global__ void __launch_bounds__(kSmmfMaxThreads)
   bool staged = false;
   int src_lo = 0;
   if (stage_span > 0) {
-    __syncthreads();
-    const int64_t e0 = a.rowptr[r_begin], e1 = a.rowptr[r_end];
-    int mn = INT32_MAX, mx = -1;
-    for (int64_t e = e0 + tid; e < e1; e += blockDim.x) {
-      const int j = a.col[e];
-      mn = j < mn ? j : mn;
-      mx = j > mx ? j : mx;
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      mn = min(mn, __shfl_xor_sync(kFullMask, mn, o));
-      mx = max(mx, __shfl_xor_sync(kFullMask, mx, o));
-    }
-    if (lane == 0) {
-      atomicMin(&s_lo[0], mn);
-      atomicMax(&s_lo[1], mx);
-    }
-    __syncthreads();
-    const int n_src = s_lo[1] - s_lo[0] + 1;
-    if (s_lo[1] >= 0 && n_src <= stage_span) {
+    const int n_src = block_index_span(a.col, a.rowptr[r_begin],
+                                       a.rowptr[r_end], s_lo, src_lo);
+    if (n_src > 0 && n_src <= stage_span) {
       staged = true;
-      src_lo = s_lo[0];
       copy_to_smem<T, (KIND == kAdd ? 1 : VW)>(
           s_k, a.k + (int64_t)src_lo * HD_k, n_src * HD_k);
       copy_to_smem<T, VW>(s_v, a.v + (int64_t)src_lo * HF, n_src * HF);
