@@ -174,8 +174,8 @@ def test_device_mix_errors():
 
 @pytest.mark.parametrize('conv', [DFAGNNConv(), DFGATConv(8, 8, bias=False)])
 def test_inplace_edit_of_output_keeps_backward(conv):
-    # The fused op saves its output for the backward; editing the returned
-    # features in place (as PyG allows) must not break the backward.
+    # Editing the returned features in place (as PyG allows) must not break
+    # the backward (which reads only the inputs and lse, not the output).
     conv = conv.to(DEV)
     x = torch.randn(50, 8, device=DEV, requires_grad=True)
     ei = random_graph(50, 50, 300, 0).to(DEV)
