@@ -154,22 +154,19 @@ fused_attention_bwd_cuda(
   a.col_windows = check_windows(col_windows, "col_windows");
   a.stage_nodes = stage_nodes;
   a.col_stage_nodes = col_stage_nodes;
-  // Unknown (-1): one host sync each (DFGraph knows them).
-  auto longest = [](const at::Tensor& ptr) -> int64_t {
-    return ptr.numel() < 2 ? 0
-                           : (ptr.slice(0, 1) - ptr.slice(0, 0, -1))
-                                 .max()
-                                 .item<int64_t>();
-  };
-  a.max_in_degree = max_in_degree >= 0 ? max_in_degree : longest(rowptr);
-  a.max_out_degree = max_out_degree >= 0 ? max_out_degree : longest(colptr);
+  // Unknown (-1): treated as long (plain blocks then run segments), so the
+  // backward never syncs with the host for it.
+  a.max_in_degree = max_in_degree;
+  a.max_out_degree = max_out_degree;
   a.kind = kind;
   a.scale = scale;
   a.slope = negative_slope;
   a.grad_query = at::empty_like(query);
   a.grad_key = at::empty_like(key);
   a.grad_value = at::empty_like(value);
-  if (att_t.defined()) a.grad_att = at::empty_like(att_t);
+  // A schema output cannot be undefined: no 'att' -> an empty grad_att.
+  a.grad_att = att_t.defined() ? at::empty_like(att_t)
+                               : at::empty({0}, value.options());
   switch (dt) {
     case at::kFloat: pyg_dfgnn::bwd::run_bwd<float>(a); break;
     case at::kHalf: pyg_dfgnn::bwd::run_bwd<at::Half>(a); break;

@@ -785,11 +785,12 @@ void launch(const BwdArgs<T, I>& args, const at::Tensor& ptr,
                 ") needs more shared memory per warp than the device has");
   }
   BwdArgs<T, I> a = args;
-  // Plain blocks with long owners (super nodes): segments of kSegEdges
-  // edges spread one owner over many warps (bounds known without a sync).
+  // Plain blocks with long owners (super nodes) or an unknown longest
+  // owner: segments of kSegEdges edges spread one owner over many warps
+  // (bounds known without a sync).
   at::Tensor seg_ptr, slot_ptr, part;
   int64_t units = args.n_owner;
-  if (!staged && max_degree > kSegEdges) {
+  if (!staged && (max_degree < 0 || max_degree > kSegEdges)) {
     const int64_t n = args.n_owner;
     auto deg = ptr.slice(0, 1) - ptr.slice(0, 0, n);
     auto nseg = deg.add(kSegEdges - 1).div(kSegEdges, "floor").clamp_min(1);

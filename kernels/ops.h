@@ -35,12 +35,12 @@ std::tuple<at::Tensor, at::Tensor> fused_attention_fwd_cuda(
     int64_t strategy, int64_t max_in_degree,
     const c10::optional<at::Tensor>& windows, int64_t stage_nodes);
 
-// -> (grad_query, grad_key, grad_value, grad_att (undefined unless gatv2)).
+// -> (grad_query, grad_key, grad_value, grad_att (empty [0] unless gatv2)).
 // csc_perm: CSR edge id of each CSC entry. windows / stage_nodes: the
 // forward's row windows (rows pass); col_windows / col_stage_nodes: windows
 // over source nodes whose destinations are contiguous (DFGraph.col_windows),
 // for the cols pass. max_in_degree / max_out_degree: longest CSR row / CSC
-// column (-1 = unknown: computed, one sync each); owners longer than a
+// column (-1 = unknown: no sync, taken as long); owners longer than a
 // segment are split over warps when no windows are given. Only lse comes
 // from the forward (no output).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
@@ -53,3 +53,19 @@ fused_attention_bwd_cuda(
     double negative_slope, const c10::optional<at::Tensor>& windows,
     int64_t stage_nodes, const c10::optional<at::Tensor>& col_windows,
     int64_t col_stage_nodes, int64_t max_in_degree, int64_t max_out_degree);
+
+// The two ops' schemas (one definition: ops.cpp registers them in
+// pyg_dfgnn, the backward's stand-alone test build in its own namespace).
+inline constexpr const char* kFusedAttentionFwdSchema =
+    "fused_attention_fwd(Tensor rowptr, Tensor col, int kind, Tensor query, "
+    "Tensor key, Tensor value, Tensor? att, float scale, "
+    "float negative_slope, int strategy, int max_in_degree=-1, "
+    "Tensor? windows=None, int stage_nodes=0) -> (Tensor, Tensor)";
+inline constexpr const char* kFusedAttentionBwdSchema =
+    "fused_attention_bwd(Tensor grad_out, Tensor rowptr, Tensor col, "
+    "Tensor colptr, Tensor csc_row, Tensor csc_perm, int kind, "
+    "Tensor query, Tensor key, Tensor value, Tensor? att, Tensor lse, "
+    "float scale, float negative_slope, Tensor? windows=None, "
+    "int stage_nodes=0, Tensor? col_windows=None, int col_stage_nodes=0, "
+    "int max_in_degree=-1, int max_out_degree=-1) "
+    "-> (Tensor, Tensor, Tensor, Tensor)";

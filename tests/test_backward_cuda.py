@@ -28,35 +28,9 @@ TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 _PRIVATE_CPP = r'''
 #include <torch/library.h>
 #include "ops.h"
-namespace {
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bwd(
-    const at::Tensor& go, const at::Tensor& rp, const at::Tensor& col,
-    const at::Tensor& cp, const at::Tensor& cr, const at::Tensor& perm,
-    int64_t kind, const at::Tensor& q, const at::Tensor& k,
-    const at::Tensor& v, const c10::optional<at::Tensor>& att,
-    const at::Tensor& lse, double scale, double slope,
-    const c10::optional<at::Tensor>& windows, int64_t stage_nodes,
-    const c10::optional<at::Tensor>& col_windows, int64_t col_stage_nodes,
-    int64_t max_in_degree, int64_t max_out_degree) {
-  auto g = fused_attention_bwd_cuda(go, rp, col, cp, cr, perm, kind, q, k, v,
-                                    att, lse, scale, slope, windows,
-                                    stage_nodes, col_windows, col_stage_nodes,
-                                    max_in_degree, max_out_degree);
-  if (!std::get<3>(g).defined()) std::get<3>(g) = at::empty({0}, v.options());
-  return g;
-}
-}  // namespace
-TORCH_LIBRARY(pyg_dfgnn_bwd_only, m) {
-  m.def("fused_attention_bwd(Tensor grad_out, Tensor rowptr, Tensor col, "
-        "Tensor colptr, Tensor csc_row, Tensor csc_perm, int kind, "
-        "Tensor query, Tensor key, Tensor value, Tensor? att, Tensor lse, "
-        "float scale, float negative_slope, Tensor? windows=None, "
-        "int stage_nodes=0, Tensor? col_windows=None, int col_stage_nodes=0, "
-        "int max_in_degree=-1, int max_out_degree=-1) "
-        "-> (Tensor, Tensor, Tensor, Tensor)");
-}
+TORCH_LIBRARY(pyg_dfgnn_bwd_only, m) { m.def(kFusedAttentionBwdSchema); }
 TORCH_LIBRARY_IMPL(pyg_dfgnn_bwd_only, CUDA, m) {
-  m.impl("fused_attention_bwd", &bwd);
+  m.impl("fused_attention_bwd", &fused_attention_bwd_cuda);
 }
 '''
 
