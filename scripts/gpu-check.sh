@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# One device call: build the kernels, run the GPU tests, the sanitizers and the
-# kernel benchmark; copy logs / JSON to $OUT; print a stage summary last.
+# One device call: build the kernels, run the GPU tests, the sanitizers, the
+# kernel benchmark and the training-features benchmark; copy logs / JSON to
+# $OUT; print a stage summary last.
 #
 #   run: bash scripts/gpu-check.sh            (OUT defaults to ./gpu-check-out)
-#   STAGES="build test sanitize fwdbench bench" bash scripts/gpu-check.sh
+#   STAGES="build test sanitize fwdbench bench features" bash scripts/gpu-check.sh
 #                                             (a subset; also: modules, e2e —
 #                                             module-level and end-to-end
 #                                             benchmarks, off by default)
@@ -18,7 +19,7 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-./gpu-check-out}
 LOGS=$(mktemp -d)  # $OUT brings back at most 8 files: logs travel as a tarball
 mkdir -p "$OUT"
-STAGES=${STAGES:-"build test sanitize fwdbench bench"}
+STAGES=${STAGES:-"build test sanitize fwdbench bench features"}
 PY=${PYTHON:-python}
 declare -a SUMMARY=()
 T0=$(date +%s)
@@ -69,6 +70,11 @@ fi
 if has bench && [ -f benchmarks/kernels.py ]; then
   stage bench 200 $PY benchmarks/kernels.py ${BENCH_ARGS:-} \
     --out "$OUT/kernels.json"
+fi
+if has features && [ -f benchmarks/training_features.py ]; then
+  # dropout / edge_dim / attention weights: gates vs PyG, 0 reference calls
+  stage features ${FEATURES_TIMEOUT:-240} $PY benchmarks/training_features.py \
+    ${FEATURES_ARGS:-} --out "$OUT/training_features.json"
 fi
 
 if has modules && [ -f benchmarks/modules.py ]; then

@@ -1,5 +1,5 @@
 """CPU smoke test of the benchmark graph generators (benchmarks/graphs.py)
-and of the kernel benchmark's quick path."""
+and of the kernel and training-features benchmarks' quick paths."""
 import importlib.util
 import json
 import math
@@ -137,3 +137,30 @@ def test_kernel_benchmark_quick_path(tmp_path):
     assert row['err_fwd'] <= 1e-5 and row['err_bwd'] <= 1e-5
     for key in ('ours_fwd', 'unfused_fwd', 'ours_fb', 'unfused_fb'):
         assert math.isfinite(row[key]) and row[key] > 0
+
+
+def test_training_features_benchmark_quick_path(tmp_path):
+    import pyg_dfgnn.ops as ops
+    reference = ops.fused_attention_reference
+    bench = _load('training_features')
+    out = tmp_path / 'training_features.json'
+    threads = torch.get_num_threads()
+    try:
+        rows = bench.main(['--quick', '--device', 'cpu', '--scale', '0.005',
+                           '--out', str(out)])
+    finally:
+        torch.set_num_threads(threads)  # main() pins 1 thread on a CPU
+    saved = json.loads(out.read_text())
+    assert [r['config'] for r in saved['rows']] == [
+        c.name for c in bench.CONFIGS] == [r['config'] for r in rows]
+    assert saved['graph']['num_nodes'] == 5 * 110
+    assert 35 < saved['graph']['avg_in_degree'] < 45
+    for row in saved['rows']:
+        assert row['err_fwd'] <= 1e-5 and row['err_bwd'] <= 1e-5, row
+        for key in ('pyg_ms', 'ours_ms'):
+            assert math.isfinite(row[key]) and row[key] > 0
+        # the CPU runs the reference path, and the counter saw it
+        assert row['ref_calls'] >= 1
+        assert (row['overhead'] is None) == (row['baseline'] is None)
+        assert row['gate_time'] is None  # gates only count on CUDA
+    assert ops.fused_attention_reference is reference  # un-patched
