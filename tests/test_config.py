@@ -28,7 +28,7 @@ def test_shipped_configs_load(path):
 def test_shipped_configs_exist():
     names = {osp.basename(p) for p in CONFIGS}
     assert {'pattern-gps.yaml', 'cluster-gps.yaml', 'pattern-gt.yaml',
-            'pattern-gat.yaml', 'demo.yaml'} <= names
+            'pattern-gat.yaml', 'demo.yaml', 'pattern-gps-edge.yaml'} <= names
 
 
 def test_gps_configs_keep_graphgps_hyperparameters():
@@ -90,6 +90,20 @@ def test_unknown_key_suggests_the_close_one(tmp_path):
     ('gt.nheads=3', "unknown key 'gt.nheads'"),
     ('seed', 'key=value'),
     ('dataset.size=0', "'dataset.size' must be >= 1"),
+    ('gt.local_attn_dropout=1.0', "'gt.local_attn_dropout' must be < 1.0"),
+    ('gt.local_attn_dropout=-0.1',
+     "'gt.local_attn_dropout' must be >= 0.0"),
+    ('gt.local_attn_dropout=high', "'gt.local_attn_dropout' must be float"),
+    ('gt.local_attn_dropout=null',
+     "'gt.local_attn_dropout' must not be null"),
+    ('gt.dropout=1.5', "'gt.dropout' must be <= 1.0"),
+    ('gt.attn_dropout=2', "'gt.attn_dropout' must be <= 1.0"),
+    ('dataset.edge_encoder=yes please', "'dataset.edge_encoder' must be bool"),
+    ('dataset.edge_encoder_name=Bond',
+     "'dataset.edge_encoder_name' must be one of"),
+    ('dataset.edge_encoder_num_types=0',
+     "'dataset.edge_encoder_num_types' must be >= 1"),
+    ('dataset.sbm_edge_attr=random', "'dataset.sbm_edge_attr' must be one of"),
 ])
 def test_bad_values_name_the_key(override, match):
     with pytest.raises(ConfigError, match=match):
@@ -170,3 +184,91 @@ def test_cli_show_config_applies_overrides(tmp_path, capsys):
     path = write(tmp_path, 'gt:\n  layers: 2\n')
     assert main(['show-config', '--cfg', path, 'gt.layers=5']) == 0
     assert 'layers: 5' in capsys.readouterr().out
+
+
+# ------------------------------------------- local attention, edge features
+def test_new_keys_default_to_the_old_behaviour():
+    cfg = default_config()
+    assert cfg.gt.local_attn_dropout == 0.0
+    assert not cfg.dataset.edge_encoder
+    assert cfg.dataset.edge_encoder_name == 'DummyEdge'
+    assert cfg.dataset.edge_encoder_num_types is None
+    assert cfg.dataset.sbm_edge_attr == 'none'
+
+
+@pytest.mark.parametrize('path', [p for p in CONFIGS
+                                  if 'edge' not in osp.basename(p)],
+                         ids=osp.basename)
+def test_shipped_configs_keep_no_local_dropout_nor_edges(path):
+    cfg = load_config(path)
+    assert cfg.gt.local_attn_dropout == 0.0 and not cfg.dataset.edge_encoder
+    assert cfg.dataset.sbm_edge_attr == 'none'
+
+
+def test_edge_config_uses_both():
+    e = load_config(osp.join(ROOT, 'configs', 'pattern-gps-edge.yaml'))
+    p = load_config(osp.join(ROOT, 'configs', 'pattern-gps.yaml'))
+    assert e.gt.local_attn_dropout > 0 and e.gt.layer_type == p.gt.layer_type
+    assert e.dataset.edge_encoder and e.dataset.sbm_edge_attr == 'same_block'
+    assert e.dataset.edge_encoder_name == 'TypeDictEdge'
+    assert e.dataset.edge_encoder_num_types == 2
+    same = ('gt', 'gnn', 'optim', 'train', 'posenc_LapPE', 'posenc_RWSE')
+    for section in same:  # otherwise pattern-gps.yaml
+        a, b = e[section].to_dict(), p[section].to_dict()
+        a.pop('local_attn_dropout', None), b.pop('local_attn_dropout', None)
+        assert a == b, section
+
+
+@pytest.mark.parametrize('local', ['DFGAT', 'DFGATv2', 'DFTransformer'])
+def test_local_attn_dropout_for_attention_layers(local):
+    cfg = load_config(overrides=[f'gt.layer_type={local}+None',
+                                 'gt.local_attn_dropout=0.3'])
+    assert cfg.gt.local_attn_dropout == 0.3
+
+
+@pytest.mark.parametrize('local', ['DFAGNN', 'GINE', 'GCN', 'None'])
+def test_local_attn_dropout_needs_an_attention_layer(local):
+    with pytest.raises(ConfigError, match="'gt.local_attn_dropout' needs an "
+                       f"attention local layer.*'{local}'"):
+        load_config(overrides=[f'gt.layer_type={local}+Transformer',
+                               'gt.local_attn_dropout=0.1'])
+    # 0 is the default and fine for every layer
+    load_config(overrides=[f'gt.layer_type={local}+Transformer',
+                           'gt.local_attn_dropout=0'])
+
+
+@pytest.mark.parametrize('local', ['DFGAT', 'DFGATv2', 'DFTransformer',
+                                   'GINE'])
+def test_edge_encoder_for_edge_layers(local):
+    cfg = load_config(overrides=[f'gt.layer_type={local}+None',
+                                 'dataset.edge_encoder=true',
+                                 'dataset.edge_encoder_name=TypeDictEdge',
+                                 'dataset.sbm_edge_attr=same_block'])
+    assert cfg.dataset.edge_encoder
+
+
+@pytest.mark.parametrize('local', ['DFAGNN', 'GCN', 'None'])
+def test_edge_encoder_needs_an_edge_layer(local):
+    with pytest.raises(ConfigError, match="'dataset.edge_encoder' needs a "
+                       f"local layer that takes edge features.*'{local}'"):
+        load_config(overrides=[f'gt.layer_type={local}+Transformer',
+                               'dataset.edge_encoder=true'])
+
+
+@pytest.mark.parametrize('name', ['LinearEdge', 'TypeDictEdge'])
+def test_sbm_edge_encoder_needs_edge_features(name):
+    with pytest.raises(ConfigError, match="'dataset.sbm_edge_attr'"):
+        load_config(overrides=['dataset.edge_encoder=true',
+                               f'dataset.edge_encoder_name={name}'])
+    # DummyEdge needs no data; an unused edge_attr is allowed (GraphGPS
+    # ignores edge features without an edge encoder)
+    load_config(overrides=['dataset.edge_encoder=true'])
+    load_config(overrides=['dataset.sbm_edge_attr=same_block'])
+
+
+def test_sbm_edge_attr_only_for_sbm():
+    with pytest.raises(ConfigError, match="'dataset.sbm_edge_attr' only "
+                       "applies to 'dataset.format' SBM"):
+        load_config(overrides=['dataset.format=PyG-ZINC',
+                               'dataset.name=subset',
+                               'dataset.sbm_edge_attr=same_block'])

@@ -7,12 +7,16 @@ import pytest
 import torch
 
 from pyg_dfgnn.__main__ import main
-from pyg_dfgnn.datasets import DatasetBundle, build_datasets
+from pyg_dfgnn.datasets import DatasetBundle, build_datasets, edge_attr_info
 from pyg_dfgnn.datasets.sbm import generate_sbm_splits
 from pyg_dfgnn.train.config import ConfigError, load_config
 from pyg_dfgnn.train.model import DF_CONVS, build_model
 from pyg_dfgnn.train.runner import (accuracy_sbm, compute_loss, lr_factor,
                                     run_dir, train, weighted_cross_entropy)
+
+#: Options of a GraphGPS GAT local layer with edge features.
+EDGES = ('dataset.edge_encoder=true', 'dataset.edge_encoder_name=TypeDictEdge',
+         'dataset.sbm_edge_attr=same_block')
 
 
 def df_available(local='DFGAT'):
@@ -303,3 +307,266 @@ def test_rwse_norm_stats_are_right_after_few_steps(tmp_path):
     steps = var > 0  # P^1_ii = 0 without self-loops
     ratio = norm.running_var[steps] / var[steps]
     assert bool((ratio > 0.5).all() and (ratio < 2).all())
+
+
+# ---------------------------------- local attention dropout, edge features
+def model_for(cfg, bundle):
+    return build_model(cfg, bundle.dim_in, bundle.dim_out,
+                       bundle.num_node_types, bundle.dim_edge,
+                       bundle.num_edge_types)
+
+
+def first_batch(bundle, size=4):
+    from torch_geometric.loader import DataLoader
+    return next(iter(DataLoader(bundle.train, batch_size=size)))
+
+
+@pytest.mark.parametrize('name', ['PATTERN', 'CLUSTER'])
+def test_generator_same_block_edge_attr(name):
+    plain = generate_sbm_splits(name, size=4, seed=3)
+    edged = generate_sbm_splits(name, size=4, seed=3, edge_attr='same_block')
+    for split in plain:
+        for a, b in zip(plain[split], edged[split]):
+            # the same graphs (no random numbers drawn), plus edge_attr
+            assert torch.equal(a.edge_index, b.edge_index)
+            assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
+            assert 'edge_attr' not in a
+            assert b.edge_attr.dtype == torch.long
+            assert b.edge_attr.shape == (b.num_edges, )
+            assert set(b.edge_attr.tolist()) == {0, 1}
+            src, dst = b.edge_index
+            if name == 'CLUSTER':  # the blocks are the labels
+                assert torch.equal(b.edge_attr, (b.y[src] == b.y[dst]).long())
+            else:  # pattern-pattern edges lie in one block
+                both = (b.y[src] == 1) & (b.y[dst] == 1)
+                assert bool((b.edge_attr[both] == 1).all())
+                assert bool((b.edge_attr[(b.y[src] != b.y[dst])] == 0).all())
+    with pytest.raises(ValueError, match='edge_attr must be one of'):
+        generate_sbm_splits(name, size=4, edge_attr='random')
+
+
+@pytest.mark.parametrize('local,loops', [('DFGAT', True),
+                                         ('DFTransformer', False)])
+@pytest.mark.parametrize('dfgnn_format', [True, False])
+def test_datasets_carry_edge_attr(tmp_path, local, loops, dfgnn_format):
+    cfg = tiny(tmp_path, f'gt.layer_type={local}+None', *EDGES,
+               f'dataset.dfgnn_format={dfgnn_format}')
+    bundle = build_datasets(cfg)
+    assert (bundle.dim_edge, bundle.num_edge_types) == (1, 2)
+    assert 'same_block' in bundle.train.variant  # its own cache
+    g = bundle.train[0]
+    assert g.edge_attr.size(0) == g.num_edges
+    ei = g.edge_index
+    ei = ei.as_tensor() if hasattr(ei, 'as_tensor') else ei
+    assert int((ei[0] == ei[1]).sum()) == (g.num_nodes if loops else 0)
+    plain = build_datasets(tiny(tmp_path, f'gt.layer_type={local}+None'))
+    assert (plain.dim_edge, plain.num_edge_types) == (None, None)
+    assert 'edge_attr' not in plain.train[0]
+
+
+def test_edge_attr_info():
+    from torch_geometric.data import Data
+    ei = torch.tensor([[0, 1, 1], [1, 0, 1]])
+    ints = Data(edge_index=ei, edge_attr=torch.tensor([2, 0, 9]))
+    floats = Data(edge_index=ei, edge_attr=torch.tensor([[0.5], [1.], [1.]]))
+    # the self-loop's value (a mean after ToDFGNNFormat) is not a type
+    assert edge_attr_info([ints]) == (1, 3)
+    assert edge_attr_info([floats]) == (1, None)
+    assert edge_attr_info([Data(edge_index=ei)]) == (None, None)
+    more = Data(edge_index=ei, edge_attr=torch.tensor([4, 1, 0]))
+    assert edge_attr_info([ints], [more]) == (1, 5)  # over all splits
+    assert edge_attr_info([Data(edge_index=ei, edge_attr=torch.ones(3, 4))
+                           ]) == (4, 2)
+    negative = Data(edge_index=ei, edge_attr=torch.tensor([-1, 0, 0]))
+    assert edge_attr_info([negative]) == (1, None)
+
+
+@pytest.mark.parametrize('encoder', ['TypeDictEdge', 'LinearEdge',
+                                     'DummyEdge'])
+@pytest.mark.parametrize('local', ['DFGAT', 'DFGATv2'])
+@pytest.mark.parametrize('backend', ['pyg', 'dfgnn'])
+def test_self_loop_edge_features_follow_gatconv(tmp_path, encoder, local,
+                                                backend):
+    # The data holds the self-loops (ToDFGNNFormat), the conv is built with
+    # add_self_loops=False: it must see what GraphGPS's GATConv(edge_dim=d,
+    # add_self_loops=True) computes from the encoded features of the
+    # loop-free graph, fill_value='mean' (0 for a node without in-edges).
+    if backend == 'dfgnn' and not df_available(local):
+        pytest.skip(f'pyg_dfgnn.nn.{DF_CONVS[local][0]} not available yet')
+    from torch_geometric.data import Batch, Data
+    from torch_geometric.nn import GATConv, GATv2Conv
+    from pyg_dfgnn.transforms import ToDFGNNFormat
+    cfg = tiny(tmp_path, f'gt.layer_type={local}+None', *EDGES[:1],
+               f'dataset.edge_encoder_name={encoder}',
+               'dataset.sbm_edge_attr=same_block', f'backend={backend}',
+               'dataset.edge_encoder_bn=true')
+    torch.manual_seed(0)
+    # node 3 has no in-edges; node 0's own self-loop is replaced
+    ei = torch.tensor([[1, 2, 0, 3, 0, 2, 3], [0, 0, 1, 1, 2, 2, 0]])
+    types = torch.tensor([1, 0, 1, 2, 0, 1, 2])
+    raw = Data(x=torch.randn(4, 3), edge_index=ei, edge_attr=types,
+               num_nodes=4)
+    batch = Batch.from_data_list([ToDFGNNFormat(add_self_loops=True)(
+        raw.clone())])
+    model = build_model(cfg, 3, 2, None, 1, 3).train()
+    x = model.node_encoder(batch.x)
+    conv = model.layers[0].local_model
+    out = conv(x, batch.edge_index, model.encode_edges(batch, 4))
+
+    twin = (GATConv if local == 'DFGAT' else GATv2Conv)(
+        8, 4, heads=2, edge_dim=8)  # adds its loops, fill_value='mean'
+    twin.load_state_dict(conv.state_dict())
+    feat = {'TypeDictEdge': types, 'LinearEdge': types.float().view(-1, 1),
+            'DummyEdge': torch.zeros_like(types)}[encoder]
+    keep = ei[0] != ei[1]
+    enc = model.edge_encoder_bn(model.edge_encoder(feat[keep]))
+    ref = twin(x, ei[:, keep], enc)
+    assert torch.allclose(out, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize('local', ['DFGAT', 'DFGATv2', 'DFTransformer',
+                                   'GINE'])
+@pytest.mark.parametrize('backend', ['pyg', 'dfgnn'])
+def test_local_dropout_and_edge_features_train(tmp_path, local, backend):
+    if backend == 'dfgnn' and local in DF_CONVS and not df_available(local):
+        pytest.skip(f'pyg_dfgnn.nn.{DF_CONVS[local][0]} not available yet')
+    drop = () if local == 'GINE' else ('gt.local_attn_dropout=0.3', )
+    cfg = tiny(tmp_path, f'gt.layer_type={local}+Transformer', *EDGES, *drop,
+               f'backend={backend}', 'optim.max_epoch=2')
+    bundle = build_datasets(cfg)
+    model = model_for(cfg, bundle)
+    conv = model.layers[0].local_model
+    if local != 'GINE':
+        assert conv.dropout == 0.3
+        assert conv.edge_dim == cfg.gt.dim_hidden
+        assert conv.lin_edge is not None
+    assert isinstance(model.edge_encoder, torch.nn.Embedding)
+    assert model.edge_encoder.num_embeddings == 2
+    logs = []
+    res = train(cfg, bundle=bundle, log=logs.append)
+    assert res['finished'] and all(
+        math.isfinite(r['train_loss']) for r in res['history'])
+    assert any('edge features TypeDictEdge' in line for line in logs)
+    # every parameter, the edge encoder and lin_edge included, is trained
+    model = model_for(cfg, bundle).train()
+    out = model(first_batch(bundle))
+    out.sum().backward()
+    assert all(p.grad is not None for p in model.parameters()
+               if p.requires_grad)
+    assert model.edge_encoder.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize('local', ['DFGAT', 'DFGATv2', 'DFTransformer'])
+def test_local_attn_dropout_is_active_in_training_only(tmp_path, local):
+    cfg = tiny(tmp_path, f'gt.layer_type={local}+None',
+               'gt.local_attn_dropout=0.5')
+    bundle = build_datasets(cfg)
+    model = model_for(cfg, bundle)
+    batch = first_batch(bundle)
+    model.train()
+    assert not torch.equal(model(batch), model(batch))
+    model.eval()
+    assert torch.equal(model(batch), model(batch))
+    no_drop = tiny(tmp_path, f'gt.layer_type={local}+None')
+    model = model_for(no_drop, bundle).train()
+    assert torch.equal(model(batch), model(batch))
+
+
+@pytest.mark.parametrize('local', ['DFGAT', 'DFGATv2', 'DFTransformer'])
+@pytest.mark.parametrize('encoder', ['TypeDictEdge', 'LinearEdge'])
+def test_backends_agree_with_edge_features(tmp_path, local, encoder):
+    # Dropout 0: the same weights give the same loss and gradients, and the
+    # same seed gives the same weights (the twins share parameter names).
+    if not df_available(local):
+        pytest.skip(f'pyg_dfgnn.nn.{DF_CONVS[local][0]} not available yet')
+    extra = (f'gt.layer_type={local}+Transformer', *EDGES,
+             f'dataset.edge_encoder_name={encoder}', 'gt.attn_dropout=0.0',
+             'dataset.edge_encoder_bn=true')
+    cfg = {b: tiny(tmp_path, *extra, f'backend={b}') for b in ('pyg', 'dfgnn')}
+    bundle = build_datasets(cfg['pyg'])
+    batch = first_batch(bundle, 8)
+    losses, grads, states = {}, {}, {}
+    for backend, c in cfg.items():
+        torch.manual_seed(0)
+        model = model_for(c, bundle).train()
+        states[backend] = {k: v.clone()
+                           for k, v in model.state_dict().items()}
+        loss = compute_loss(c.model.loss_fun, model(batch), batch.y)
+        loss.backward()
+        losses[backend] = loss.item()
+        grads[backend] = {n: p.grad for n, p in model.named_parameters()}
+    assert list(states['pyg']) == list(states['dfgnn'])
+    assert all(torch.equal(states['pyg'][k], states['dfgnn'][k])
+               for k in states['pyg'])
+    assert losses['dfgnn'] == pytest.approx(losses['pyg'], rel=1e-5)
+    for name, g in grads['pyg'].items():
+        assert torch.allclose(grads['dfgnn'][name], g, atol=1e-5,
+                              rtol=1e-4), name
+    # and a short training run with one seed matches step for step. Without
+    # BatchNorm: after a BN the conv's bias has a zero gradient, whose float
+    # noise Adam turns into +-lr steps that differ between the backends.
+    runs = {b: train(tiny(tmp_path, *extra, f'backend={b}',
+                          'gt.batch_norm=false', 'gt.layer_norm=true',
+                          'optim.max_epoch=2', f'out_dir={tmp_path}/{b}'),
+                     bundle=bundle, log=quiet) for b in cfg}
+    for a, b in zip(runs['pyg']['history'], runs['dfgnn']['history']):
+        assert b['train_loss'] == pytest.approx(a['train_loss'], rel=1e-4)
+        assert b['val_loss'] == pytest.approx(a['val_loss'], rel=1e-4)
+
+
+def test_edge_encoder_errors(tmp_path):
+    cfg = tiny(tmp_path, 'gt.layer_type=DFGAT+None', *EDGES, 'backend=pyg')
+    with pytest.raises(ConfigError, match='has no edge_attr'):
+        build_model(cfg, 3, 2)  # no edge features in the data
+    with pytest.raises(ConfigError, match='non-negative integer types'):
+        build_model(cfg, 3, 2, dim_edge=1, num_edge_types=None)
+    small = tiny(tmp_path, 'gt.layer_type=DFGAT+None', *EDGES,
+                 'dataset.edge_encoder_num_types=2')
+    with pytest.raises(ConfigError, match='edge_encoder_num_types.*too small'):
+        build_model(small, 3, 2, dim_edge=1, num_edge_types=5)
+    model = build_model(small, 3, 2, dim_edge=1, num_edge_types=None)
+    assert model.edge_encoder.num_embeddings == 2  # as configured
+    linear = tiny(tmp_path, 'gt.layer_type=DFGAT+None', *EDGES,
+                  'dataset.edge_encoder_name=LinearEdge')
+    model = build_model(linear, 3, 2, dim_edge=4)
+    assert model.edge_encoder.in_features == 4
+
+
+def test_unused_edge_attr_is_noted_and_gine_keeps_its_dummy(tmp_path):
+    cfg = tiny(tmp_path, 'gt.layer_type=GINE+None',
+               'dataset.sbm_edge_attr=same_block', 'optim.max_epoch=1')
+    logs = []
+    train(cfg, log=logs.append)
+    assert any('edge_attr, unused' in line for line in logs)
+    model = build_model(cfg, 3, 2, dim_edge=1, num_edge_types=2)
+    assert model.edge_encoder.num_embeddings == 1  # DummyEdge, as before
+
+
+def test_resume_accepts_checkpoints_older_than_new_keys(tmp_path):
+    # A checkpoint written before a key existed resumes when the key holds
+    # its default (the behaviour the checkpoint was trained with).
+    cfg = tiny(tmp_path, 'optim.max_epoch=2')
+    train(cfg, stop_after_epochs=1, log=quiet)
+    path = osp.join(run_dir(cfg), 'ckpt', 'last.pt')
+    ckpt = torch.load(path, weights_only=False)
+    del ckpt['config']['gt']['local_attn_dropout']
+    del ckpt['config']['dataset']['sbm_edge_attr']
+    torch.save(ckpt, path)
+    with pytest.raises(ConfigError, match='gt.local_attn_dropout'):
+        train(tiny(tmp_path, 'optim.max_epoch=2', 'gt.layer_type=DFGAT+None',
+                   'gt.local_attn_dropout=0.1'), resume=True, log=quiet)
+    res = train(cfg, resume=True, log=quiet)
+    assert res['finished'] and res['epochs_done'] == 2
+
+
+def test_edge_config_trains_via_cli(tmp_path, capsys):
+    path = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))),
+                    'configs', 'pattern-gps-edge.yaml')
+    assert main(['train', '--cfg', path, f'out_dir={tmp_path}/r',
+                 f'dataset.dir={tmp_path}/d', 'dataset.size=8',
+                 'gt.layers=1', 'optim.max_epoch=1', 'train.batch_size=8',
+                 'train.progress_bar=false', 'backend=pyg']) == 0
+    out = capsys.readouterr().out
+    assert 'local attn dropout 0.2, edge features TypeDictEdge' in out
+    assert osp.exists(tmp_path / 'r' / 'pattern-gps-edge' / 'pyg-seed0' /
+                      'results.json')

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os.path as osp
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -15,7 +15,7 @@ from pyg_dfgnn.datasets.sbm import (PUBLISHED_STATS, SBMDataset,
 
 __all__ = ['SBMDataset', 'AddLapPE', 'AddRWSE', 'generate_sbm_splits',
            'dataset_stats', 'PUBLISHED_STATS', 'DatasetBundle', 'build_datasets',
-           'load_pyg_dataset']
+           'load_pyg_dataset', 'edge_attr_info']
 
 #: PyG datasets with a train/val/test ``split`` argument that we can read.
 PYG_DATASETS = ('GNNBenchmarkDataset', 'ZINC')
@@ -30,6 +30,8 @@ class DatasetBundle:
     dim_in: int
     dim_out: int
     num_node_types: Optional[int]  # set when node features are type ids
+    dim_edge: Optional[int] = None  # edge_attr columns; None: no edge_attr
+    num_edge_types: Optional[int] = None  # set when edge_attr are type ids
 
     def splits(self) -> Dict[str, Any]:
         return {'train': self.train, 'val': self.val, 'test': self.test}
@@ -66,6 +68,33 @@ def load_pyg_dataset(dataset: str, name: str, root: str, split: str,
                    transform=transform, pre_transform=pre_transform)
     return cls(osp.join(root, dataset), subset=name == 'subset', split=split,
                transform=transform, pre_transform=pre_transform)
+
+
+def edge_attr_info(*datasets) -> Tuple[Optional[int], Optional[int]]:
+    """``(dim_edge, num_edge_types)`` of the datasets' ``edge_attr``: its
+    number of columns (``None`` without ``edge_attr``) and, when its values
+    are non-negative whole numbers, 1 + the largest (usable as type ids),
+    else ``None``. Self-loops are skipped: ``ToDFGNNFormat`` fills theirs
+    with a mean (float, even for integer types), the model refills them."""
+    dim_edge: Optional[int] = None
+    top, whole = -1, True
+    for ds in datasets:
+        parts = [ds._data] if hasattr(ds, '_data') else list(ds)
+        for data in parts:
+            attr = data.get('edge_attr', None)
+            if attr is None:
+                return None, None
+            dim_edge = 1 if attr.dim() == 1 else attr.size(-1)
+            ei = data.edge_index
+            ei = ei.as_tensor() if hasattr(ei, 'as_tensor') else ei
+            attr = attr.view(attr.size(0), -1)[ei[0] != ei[1]]
+            if attr.numel():
+                whole = whole and bool((attr >= 0).all()) and bool(
+                    (attr == attr.floor()).all())
+                top = max(top, int(attr.max()))
+    if dim_edge is None:
+        return None, None
+    return dim_edge, (top + 1 if whole else None)
 
 
 def dfgnn_pre_transform(local_layer: str) -> Optional[Callable]:
@@ -107,7 +136,9 @@ def build_datasets(cfg) -> DatasetBundle:
         tags.append('dfloops' if needs_loops else 'df')
     elif needs_loops:  # the convs skip self-loops: add them in the data
         from torch_geometric.transforms import AddSelfLoops
-        transforms.append(AddSelfLoops())
+        # edge_attr (if any) filled as GATConv does; the model refills the
+        # loops after encoding anyway.
+        transforms.append(AddSelfLoops(attr='edge_attr', fill_value='mean'))
         tags.append('loops')
     pre_transform = Compose(transforms) if transforms else None
 
@@ -116,7 +147,8 @@ def build_datasets(cfg) -> DatasetBundle:
         splits = [SBMDataset(root, name, split, size=cfg.dataset.size,
                              seed=cfg.dataset.gen_seed,
                              pre_transform=pre_transform,
-                             variant_tag='-'.join(tags))
+                             variant_tag='-'.join(tags),
+                             edge_attr=cfg.dataset.sbm_edge_attr)
                   for split in ('train', 'val', 'test')]
     else:
         splits = [load_pyg_dataset(fmt[len('PyG-'):], name, root, split,
@@ -133,5 +165,7 @@ def build_datasets(cfg) -> DatasetBundle:
     else:
         y = train._data.y if hasattr(train, '_data') else train[0].y
         dim_out = int(y.max()) + 1
+    dim_edge, num_edge_types = edge_attr_info(*splits)
     return DatasetBundle(*splits, dim_in=dim_in, dim_out=dim_out,
-                         num_node_types=num_node_types)
+                         num_node_types=num_node_types, dim_edge=dim_edge,
+                         num_edge_types=num_edge_types)

@@ -36,20 +36,32 @@ class Field:
     choices: Optional[Tuple[Any, ...]] = None
     nullable: bool = False
     min: Optional[float] = None
+    max: Optional[float] = None
+    max_inclusive: bool = True
     help: str = ''
 
 
-def _f(default, types=None, choices=None, nullable=False, min=None, help=''):
+def _f(default, types=None, choices=None, nullable=False, min=None, max=None,
+       max_inclusive=True, help=''):
     if types is None:
         types = (type(default), )
     elif not isinstance(types, tuple):
         types = (types, )
     return Field(default, types, None if choices is None else tuple(choices),
-                 nullable, min, help)
+                 nullable, min, max, max_inclusive, help)
+
+
+def _dropout(default=0.0, help=''):
+    return _f(default, float, min=0.0, max=1.0, help=help)
 
 
 LOCAL_LAYERS = ('DFGAT', 'DFGATv2', 'DFTransformer', 'DFAGNN', 'GINE', 'GCN',
                 'None')
+#: Local layers with attention dropout (``gt.local_attn_dropout``).
+LOCAL_ATTN_LAYERS = ('DFGAT', 'DFGATv2', 'DFTransformer')
+#: Local layers that take edge features (``dataset.edge_encoder``).
+LOCAL_EDGE_LAYERS = ('DFGAT', 'DFGATv2', 'DFTransformer', 'GINE')
+EDGE_ENCODERS = ('DummyEdge', 'LinearEdge', 'TypeDictEdge')
 GLOBAL_LAYERS = ('Transformer', 'None')
 ACTIVATIONS = ('relu', 'gelu', 'elu', 'leaky_relu', 'prelu', 'silu', 'tanh')
 
@@ -89,10 +101,21 @@ SCHEMA: Dict[str, Any] = {
                            help='features are always linearly encoded'),
         'node_encoder_name': _f('LinearNode', str),
         'node_encoder_bn': _f(False),
-        'edge_encoder': _f(False, help='GINE always gets a DummyEdge '
-                           'encoder; other layers use no edge features'),
-        'edge_encoder_name': _f('DummyEdge', choices=('DummyEdge', )),
+        'edge_encoder': _f(False, help='encode edge features to '
+                           'gt.dim_hidden and feed them to the local layer '
+                           '(DFGAT, DFGATv2, DFTransformer: edge_dim; GINE); '
+                           'off: GINE gets a DummyEdge, others none'),
+        'edge_encoder_name': _f('DummyEdge', choices=EDGE_ENCODERS,
+                                help='DummyEdge: one learned vector; '
+                                'LinearEdge: Linear of edge_attr; '
+                                'TypeDictEdge: embedding of integer types'),
+        'edge_encoder_num_types': _f(None, int, nullable=True, min=1,
+                                     help='TypeDictEdge types; null = '
+                                     '1 + the largest in the data'),
         'edge_encoder_bn': _f(False),
+        'sbm_edge_attr': _f('none', choices=('none', 'same_block'),
+                            help='SBM only: same_block gives every edge '
+                            'edge_attr 1 inside a block, 0 across'),
     },
     'posenc_LapPE': {
         'enable': _f(False),
@@ -142,8 +165,12 @@ SCHEMA: Dict[str, Any] = {
         'layers': _f(6, min=0),
         'n_heads': _f(4, min=1),
         'dim_hidden': _f(64, min=1),
-        'dropout': _f(0.0, float, min=0.0),
-        'attn_dropout': _f(0.5, float, min=0.0),
+        'dropout': _dropout(),
+        'attn_dropout': _dropout(0.5, help='global attention'),
+        'local_attn_dropout': _f(0.0, float, min=0.0, max=1.0,
+                                 max_inclusive=False,
+                                 help='attention dropout of the local '
+                                 'DFGAT / DFGATv2 / DFTransformer conv'),
         'layer_norm': _f(False),
         'batch_norm': _f(True),
     },
@@ -154,7 +181,7 @@ SCHEMA: Dict[str, Any] = {
         'dim_inner': _f(64, min=1),
         'batchnorm': _f(True),
         'act': _f('relu', choices=ACTIVATIONS),
-        'dropout': _f(0.0, float, min=0.0),
+        'dropout': _dropout(),
         'agg': _f('mean', str),
         'normalize_adj': _f(False),
     },
@@ -242,6 +269,10 @@ def _coerce(key: str, value: Any, field: Field) -> Any:
                           f"got {value!r}")
     if field.min is not None and value < field.min:
         raise ConfigError(f"'{key}' must be >= {field.min}, got {value!r}")
+    if field.max is not None and (value > field.max or (
+            value == field.max and not field.max_inclusive)):
+        op = '<=' if field.max_inclusive else '<'
+        raise ConfigError(f"'{key}' must be {op} {field.max}, got {value!r}")
     return value
 
 
@@ -301,14 +332,33 @@ def validate(cfg: Config) -> Config:
                           f"multiple of 'gt.n_heads' ({cfg.gt.n_heads})")
     if cfg.gt.layer_norm and cfg.gt.batch_norm:
         raise ConfigError("'gt.layer_norm' and 'gt.batch_norm' are exclusive")
+    if cfg.gt.local_attn_dropout > 0 and local not in LOCAL_ATTN_LAYERS:
+        raise ConfigError(f"'gt.local_attn_dropout' needs an attention local "
+                          f"layer ({', '.join(LOCAL_ATTN_LAYERS)}); "
+                          f"'gt.layer_type' has local model {local!r}")
+    ds = cfg.dataset
+    if ds.edge_encoder and local not in LOCAL_EDGE_LAYERS:
+        layers = ', '.join(LOCAL_EDGE_LAYERS)
+        raise ConfigError(f"'dataset.edge_encoder' needs a local layer that "
+                          f"takes edge features ({layers}); 'gt.layer_type' "
+                          f"has local model {local!r}")
     fmt = cfg.dataset.format
     if fmt == 'SBM':
         if cfg.dataset.name not in ('PATTERN', 'CLUSTER'):
             raise ConfigError("'dataset.name' must be PATTERN or CLUSTER for "
                               f"format SBM, got {cfg.dataset.name!r}")
+        if ds.edge_encoder and ds.edge_encoder_name != 'DummyEdge' and \
+                ds.sbm_edge_attr == 'none':
+            raise ConfigError(f"'dataset.edge_encoder_name' "
+                              f"{ds.edge_encoder_name} needs edge features: "
+                              f"generated SBM graphs have none unless "
+                              f"'dataset.sbm_edge_attr' is set (same_block)")
     elif not fmt.startswith('PyG-'):
         raise ConfigError(f"'dataset.format' must be 'SBM' or "
                           f"'PyG-<Dataset>', got {fmt!r}")
+    elif ds.sbm_edge_attr != 'none':
+        raise ConfigError("'dataset.sbm_edge_attr' only applies to "
+                          f"'dataset.format' SBM, got {fmt!r}")
     enc = cfg.dataset.node_encoder_name.split('+')
     if enc[0] not in ('LinearNode', 'TypeDictNode') or any(
             e not in ('LapPE', 'RWSE') for e in enc[1:]) or len(

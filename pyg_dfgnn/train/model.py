@@ -18,6 +18,10 @@ global model is dense multi-head attention over the nodes of each graph
 same constructor arguments; the twins hold the same parameters under the same
 names, so the two backends are compared on one config and can load each
 other's checkpoints.
+
+The attention local layers take ``dropout=gt.local_attn_dropout`` and, with
+``dataset.edge_encoder``, ``edge_dim=gt.dim_hidden`` and the encoded edge
+features (GraphGPS's GAT local layer: ``GATConv(..., edge_dim=dim_h)``).
 """
 from __future__ import annotations
 
@@ -29,7 +33,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.utils import to_dense_batch
 
-from pyg_dfgnn.train.config import Config, rwse_times, split_layer_type
+from pyg_dfgnn.train.config import (Config, ConfigError, rwse_times,
+                                    split_layer_type)
 
 #: DF conv name -> (class in pyg_dfgnn.nn, PyG twin in torch_geometric.nn).
 DF_CONVS = {
@@ -68,16 +73,22 @@ def activation(name: str) -> nn.Module:
 
 
 def build_local_model(local: str, dim: int, heads: int, backend: str,
-                      act: str) -> Optional[nn.Module]:
-    """The local message-passing layer ``dim -> dim``."""
+                      act: str, attn_dropout: float = 0.0,
+                      edge_dim: Optional[int] = None) -> Optional[nn.Module]:
+    """The local message-passing layer ``dim -> dim``; ``attn_dropout`` and
+    ``edge_dim`` go to the attention convs (DFGAT, DFGATv2, DFTransformer)."""
     if local == 'None':
         return None
     if local in ('DFGAT', 'DFGATv2'):
-        # Attention dropout stays 0: the fused kernels run without it.
+        # Self-loops (and their edge features) come with the data.
         return conv_class(local, backend)(dim, dim // heads, heads=heads,
+                                          dropout=attn_dropout,
+                                          edge_dim=edge_dim,
                                           add_self_loops=False)
     if local == 'DFTransformer':
-        return conv_class(local, backend)(dim, dim // heads, heads=heads)
+        return conv_class(local, backend)(dim, dim // heads, heads=heads,
+                                          dropout=attn_dropout,
+                                          edge_dim=edge_dim)
     if local == 'DFAGNN':
         return conv_class(local, backend)(requires_grad=True,
                                           add_self_loops=False)
@@ -97,11 +108,16 @@ class GPSLayer(nn.Module):
     def __init__(self, dim: int, local: str, glob: str, heads: int,
                  backend: str, act: str = 'relu', dropout: float = 0.0,
                  attn_dropout: float = 0.0, layer_norm: bool = False,
-                 batch_norm: bool = True):
+                 batch_norm: bool = True, local_attn_dropout: float = 0.0,
+                 edge_features: bool = False):
         super().__init__()
         self.local_name, self.global_name = local, glob
         self.dropout = dropout
-        self.local_model = build_local_model(local, dim, heads, backend, act)
+        # GINE always takes edge features (a DummyEdge one by default).
+        self.local_takes_edges = local == 'GINE' or edge_features
+        self.local_model = build_local_model(
+            local, dim, heads, backend, act, local_attn_dropout,
+            dim if edge_features and local != 'GINE' else None)
         self.self_attn = None
         if glob == 'Transformer':
             self.self_attn = nn.MultiheadAttention(
@@ -125,7 +141,7 @@ class GPSLayer(nn.Module):
                 edge_attr: Optional[Tensor] = None) -> Tensor:
         parts = []
         if self.local_model is not None:
-            if self.local_name == 'GINE':
+            if self.local_takes_edges:
                 h = self.local_model(x, edge_index, edge_attr)
             else:
                 h = self.local_model(x, edge_index)
@@ -165,10 +181,17 @@ class LapPENodeEncoder(nn.Module):
 
 
 class GPSModel(nn.Module):
-    """Node encoder -> ``gt.layers`` GPS layers -> inductive node head."""
+    """Node encoder -> ``gt.layers`` GPS layers -> inductive node head.
+
+    ``dim_edge`` / ``num_edge_types`` describe the data's ``edge_attr``
+    (:func:`pyg_dfgnn.datasets.edge_attr_info`); the LinearEdge and
+    TypeDictEdge encoders need them.
+    """
 
     def __init__(self, cfg: Config, dim_in: int, dim_out: int,
-                 num_node_types: Optional[int] = None):
+                 num_node_types: Optional[int] = None,
+                 dim_edge: Optional[int] = None,
+                 num_edge_types: Optional[int] = None):
         super().__init__()
         dim = cfg.gt.dim_hidden
         local, glob = split_layer_type(cfg.gt.layer_type)
@@ -195,9 +218,21 @@ class GPSModel(nn.Module):
                 nn.Linear(steps, rw.dim_pe))
         self.node_encoder_bn = (nn.BatchNorm1d(dim)
                                 if cfg.dataset.node_encoder_bn else None)
-        # PATTERN/CLUSTER have no edge features: GINE gets a learned dummy
-        # edge embedding (GraphGPS's DummyEdge encoder).
-        self.edge_encoder = nn.Embedding(1, dim) if local == 'GINE' else None
+        ds = cfg.dataset
+        self.edge_encoder_name = ds.edge_encoder_name if ds.edge_encoder \
+            else 'DummyEdge'
+        self.edge_encoder = build_edge_encoder(cfg, dim, dim_edge,
+                                               num_edge_types)
+        if self.edge_encoder is None and local == 'GINE':
+            # No edge features: GINE gets a learned dummy edge embedding
+            # (GraphGPS's DummyEdge encoder).
+            self.edge_encoder = nn.Embedding(1, dim)
+        self.edge_encoder_bn = (nn.BatchNorm1d(dim) if ds.edge_encoder and
+                                ds.edge_encoder_bn else None)
+        # GAT-like layers find their self-loops in the data (added by
+        # ToDFGNNFormat / AddSelfLoops before encoding): their edge features
+        # are refilled from the encoded ones, as GATConv fills its own.
+        self.refill_loops = local in SELF_LOOP_LAYERS
 
         pre = []
         for _ in range(cfg.gnn.layers_pre_mp):
@@ -206,7 +241,8 @@ class GPSModel(nn.Module):
         self.layers = nn.ModuleList([
             GPSLayer(dim, local, glob, cfg.gt.n_heads, cfg.backend,
                      cfg.gnn.act, cfg.gt.dropout, cfg.gt.attn_dropout,
-                     cfg.gt.layer_norm, cfg.gt.batch_norm)
+                     cfg.gt.layer_norm, cfg.gt.batch_norm,
+                     cfg.gt.local_attn_dropout, ds.edge_encoder)
             for _ in range(cfg.gt.layers)
         ])
         head = []  # GraphGPS's inductive node head: (Linear-BN-act) x L-1
@@ -230,11 +266,7 @@ class GPSModel(nn.Module):
             x = torch.cat([x, self.rwse_encoder(data.pestat_RWSE)], 1)
         if self.node_encoder_bn is not None:
             x = self.node_encoder_bn(x)
-        edge_attr = None
-        if self.edge_encoder is not None:
-            zeros = torch.zeros(data.edge_index.size(1), dtype=torch.long,
-                                device=x.device)
-            edge_attr = self.edge_encoder(zeros)
+        edge_attr = self.encode_edges(data, x.size(0))
         x = self.pre_mp(x)
         batch = data.batch
         if batch is None:
@@ -243,7 +275,87 @@ class GPSModel(nn.Module):
             x = layer(x, data.edge_index, batch, edge_attr)
         return self.head(x)
 
+    def encode_edges(self, data, num_nodes: int) -> Optional[Tensor]:
+        """The encoded edge features ``[E, dim]`` the local layers get, or
+        ``None``. Self-loops of GAT-like layers get GATConv's
+        ``fill_value='mean'`` of the *encoded* features of the node's other
+        in-edges (0 without any), whatever the data holds for them: the
+        transform's mean of raw type ids would mean nothing."""
+        if self.edge_encoder is None:
+            return None
+        edge_index = data.edge_index
+        if hasattr(edge_index, 'as_tensor'):  # EdgeIndex: plain tensor ops
+            edge_index = edge_index.as_tensor()
+        num_edges = edge_index.size(1)
+        loop = None
+        if self.refill_loops:
+            loop = edge_index[0] == edge_index[1]
+        if self.edge_encoder_name == 'DummyEdge':
+            enc = self.edge_encoder(edge_index.new_zeros(num_edges))
+        elif self.edge_encoder_name == 'TypeDictEdge':
+            raw = data.edge_attr
+            types = (raw if raw.dim() == 1 else raw[:, 0]).long()
+            if loop is not None:  # keep the loops' ids valid (refilled)
+                types = types.masked_fill(loop, 0)
+            enc = self.edge_encoder(types)
+        else:  # LinearEdge
+            raw = data.edge_attr.reshape(num_edges, -1).float()
+            if loop is not None:
+                raw = raw.masked_fill(loop.unsqueeze(-1), 0.0)
+            enc = self.edge_encoder(raw)
+        if self.edge_encoder_bn is not None:
+            if loop is None:
+                enc = self.edge_encoder_bn(enc)
+            else:  # batch statistics over the real edges only
+                real = ~loop
+                enc = enc.index_put((real, ), self.edge_encoder_bn(enc[real]))
+        if loop is not None:
+            # Mean over real in-edges without a host sync (no boolean
+            # indexing): masked sums and counts.
+            dst = edge_index[1]
+            real = (~loop).unsqueeze(-1).to(enc.dtype)
+            total = enc.new_zeros(num_nodes, enc.size(1)).index_add_(
+                0, dst, enc * real)
+            count = enc.new_zeros(num_nodes, 1).index_add_(0, dst, real)
+            fill = total / count.clamp(min=1)
+            enc = torch.where(loop.unsqueeze(-1), fill[dst], enc)
+        return enc
+
+
+def build_edge_encoder(cfg: Config, dim: int, dim_edge: Optional[int],
+                       num_edge_types: Optional[int]) -> Optional[nn.Module]:
+    """GraphGPS's edge encoder named by ``dataset.edge_encoder_name`` (to
+    ``dim``), or ``None`` when ``dataset.edge_encoder`` is off."""
+    ds = cfg.dataset
+    if not ds.edge_encoder:
+        return None
+    name = ds.edge_encoder_name
+    if name == 'DummyEdge':
+        return nn.Embedding(1, dim)
+    if dim_edge is None:
+        raise ConfigError(f"'dataset.edge_encoder_name' {name} needs edge "
+                          f"features, but the dataset has no edge_attr (use "
+                          f"DummyEdge, or 'dataset.sbm_edge_attr' for "
+                          f"generated SBM graphs)")
+    if name == 'LinearEdge':
+        return nn.Linear(dim_edge, dim)
+    num_types = ds.edge_encoder_num_types
+    if num_types is None:
+        if num_edge_types is None:
+            raise ConfigError("'dataset.edge_encoder_name' TypeDictEdge needs "
+                              "edge_attr holding non-negative integer types; "
+                              "this dataset's are not (use LinearEdge)")
+        num_types = num_edge_types
+    elif num_edge_types is not None and num_types < num_edge_types:
+        raise ConfigError(f"'dataset.edge_encoder_num_types' ({num_types}) "
+                          f"is too small: the data has edge types up to "
+                          f"{num_edge_types - 1}")
+    return nn.Embedding(num_types, dim)
+
 
 def build_model(cfg: Config, dim_in: int, dim_out: int,
-                num_node_types: Optional[int] = None) -> GPSModel:
-    return GPSModel(cfg, dim_in, dim_out, num_node_types)
+                num_node_types: Optional[int] = None,
+                dim_edge: Optional[int] = None,
+                num_edge_types: Optional[int] = None) -> GPSModel:
+    return GPSModel(cfg, dim_in, dim_out, num_node_types, dim_edge,
+                    num_edge_types)

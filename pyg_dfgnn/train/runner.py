@@ -32,7 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from pyg_dfgnn.train.config import Config, ConfigError, dump_config
+from pyg_dfgnn.train.config import (Config, ConfigError, default_config,
+                                    dump_config)
 
 #: Config keys that may differ between a run and its resumption.
 RESUME_FREE_KEYS = ('device', 'num_threads', 'train.progress_bar',
@@ -216,14 +217,22 @@ def _atomic_save(obj: Any, path: str) -> None:
     os.replace(tmp, path)
 
 
-def _config_diff(a: Dict[str, Any], b: Dict[str, Any],
-                 prefix: str = '') -> List[str]:
+def _config_diff(a: Dict[str, Any], b: Dict[str, Any], prefix: str = '',
+                 defaults: Optional[Dict[str, Any]] = None) -> List[str]:
+    """Keys where checkpoint config ``a`` and config ``b`` differ. A key
+    missing from ``a`` (a checkpoint older than the key) matches its
+    default, which keeps the old behaviour."""
+    if defaults is None:
+        defaults = default_config().to_dict()
     keys = []
     for k in sorted(set(a) | set(b)):
         key = prefix + k
-        va, vb = a.get(k), b.get(k)
+        va, vb, vd = a.get(k), b.get(k), defaults.get(k)
+        if k not in a:
+            va = vd
         if isinstance(va, dict) and isinstance(vb, dict):
-            keys += _config_diff(va, vb, key + '.')
+            keys += _config_diff(va, vb, key + '.',
+                                 vd if isinstance(vd, dict) else {})
         elif va != vb and key not in RESUME_FREE_KEYS:
             keys.append(key)
     return keys
@@ -266,9 +275,15 @@ def train(cfg: Config, resume: bool = False, bundle=None,
     set_seed(cfg.seed)
     if bundle is None:
         bundle = build_datasets(cfg)
+    if getattr(bundle, 'dim_edge', None) is not None and \
+            not cfg.dataset.edge_encoder:
+        log('note: the dataset has edge_attr, unused without '
+            'dataset.edge_encoder')
     set_seed(cfg.seed)  # model init independent of dataset generation
     model = build_model(cfg, bundle.dim_in, bundle.dim_out,
-                        bundle.num_node_types).to(device)
+                        bundle.num_node_types,
+                        getattr(bundle, 'dim_edge', None),
+                        getattr(bundle, 'num_edge_types', None)).to(device)
     optimizer = make_optimizer(cfg, model.parameters())
     scheduler = make_scheduler(cfg, optimizer)
 
@@ -321,10 +336,16 @@ def train(cfg: Config, resume: bool = False, bundle=None,
         log('fused CUDA kernels: ' + ('loaded' if fused else
                                       'NOT available, reference path'))
     num_params = count_parameters(model)
+    extras = ''
+    if cfg.gt.local_attn_dropout:
+        extras += f', local attn dropout {cfg.gt.local_attn_dropout}'
+    if cfg.dataset.edge_encoder:
+        extras += f', edge features {cfg.dataset.edge_encoder_name}'
     log(f"run {cfg.name}: {cfg.gt.layer_type} x{cfg.gt.layers}, "
-        f"dim {cfg.gt.dim_hidden}, backend {cfg.backend}, device {device}, "
-        f"{num_params} params, data {cfg.dataset.format}/{cfg.dataset.name} "
-        f"{len(bundle.train)}/{len(bundle.val)}/{len(bundle.test)} graphs")
+        f"dim {cfg.gt.dim_hidden}{extras}, backend {cfg.backend}, device "
+        f"{device}, {num_params} params, data {cfg.dataset.format}/"
+        f"{cfg.dataset.name} {len(bundle.train)}/{len(bundle.val)}/"
+        f"{len(bundle.test)} graphs")
     log(_format_row({}, header=True))
     for row in history:
         log(_format_row(row))
