@@ -187,7 +187,7 @@ def bench_case(graph_name: str, graph, edge_index, num_nodes: int,
 
         def ops_fb():
             with torch.no_grad():
-                _, lse = ops.fused_attention_fwd(
+                _, lse, *_ = ops.fused_attention_fwd(
                     graph.rowptr, graph.col, 0, q, k, v, None, 1.0, 0.0,
                     *plan[:4])
                 return ops.fused_attention_bwd(

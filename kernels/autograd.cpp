@@ -4,10 +4,11 @@
 // custom_op + register_autograd costs tens of microseconds of host time per
 // call, more than the kernels of a small graph take.
 //
-// Forward: fused_attention_fwd below autograd -> (out, lse). Backward:
-// fused_attention_bwd, reading the inputs and lse only (lse is
-// non-differentiable), so the output is returned as it is and may be edited
-// in place. The graph tensors (rowptr, col, colptr, csc_row, csc_perm,
+// Forward: fused_attention_fwd below autograd -> (out, lse, alpha).
+// Backward: fused_attention_bwd, reading the inputs, lse and the dropout
+// rng_state only (lse is non-differentiable), so the output is returned as
+// it is and may be edited in place. alpha (the attention weights, when
+// asked) is differentiable: its gradient joins the backward's dp. The graph tensors (rowptr, col, colptr, csc_row, csc_perm,
 // windows) never require grad and are kept in saved_data (no version
 // tracking: the graph is immutable). colptr / csc_row / csc_perm may be None
 // when no backward is expected; a backward then raises.
@@ -25,28 +26,29 @@ using torch::autograd::variable_list;
 
 // Typed handles of the kernel ops, so that fake / meta tensors (torch.compile
 // tracing) reach their fake impls through the dispatcher.
-const c10::TypedOperatorHandle<std::tuple<Tensor, Tensor>(
+using OptTensor = c10::optional<Tensor>;
+using FwdSig = std::tuple<Tensor, Tensor, Tensor, Tensor>(
     const Tensor&, const Tensor&, int64_t, const Tensor&, const Tensor&,
-    const Tensor&, const c10::optional<Tensor>&, double, double, int64_t,
-    int64_t, const c10::optional<Tensor>&, int64_t)>&
-fwd_op() {
+    const Tensor&, const OptTensor&, double, double, int64_t, int64_t,
+    const OptTensor&, int64_t, const OptTensor&, const OptTensor&,
+    const OptTensor&, double, int64_t, const OptTensor&);
+
+const c10::TypedOperatorHandle<FwdSig>& fwd_op() {
   static const auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("pyg_dfgnn::fused_attention_fwd", "")
-          .typed<std::tuple<Tensor, Tensor>(
-              const Tensor&, const Tensor&, int64_t, const Tensor&,
-              const Tensor&, const Tensor&, const c10::optional<Tensor>&,
-              double, double, int64_t, int64_t, const c10::optional<Tensor>&,
-              int64_t)>();
+          .typed<FwdSig>();
   return op;
 }
 
-using BwdSig = std::tuple<Tensor, Tensor, Tensor, Tensor>(
+using BwdSig = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+                          Tensor>(
     const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
     const Tensor&, int64_t, const Tensor&, const Tensor&, const Tensor&,
-    const c10::optional<Tensor>&, const Tensor&, double, double,
-    const c10::optional<Tensor>&, int64_t, const c10::optional<Tensor>&,
-    int64_t, int64_t, int64_t);
+    const OptTensor&, const Tensor&, double, double, const OptTensor&,
+    int64_t, const OptTensor&, int64_t, int64_t, int64_t, const OptTensor&,
+    const OptTensor&, const OptTensor&, double, const OptTensor&,
+    const OptTensor&, int64_t, const OptTensor&);
 
 const c10::TypedOperatorHandle<BwdSig>& bwd_op() {
   static const auto op =
@@ -73,24 +75,38 @@ struct GraphArgs {
   const c10::optional<Tensor>& col_windows;
   int64_t col_stage_nodes;
   int64_t max_out_degree;
+  double dropout;
+  int64_t attention;
+  const c10::optional<Tensor>& attention_perm;
 };
+
+OptTensor opt(const Tensor& t) { return t.defined() ? OptTensor(t) : c10::nullopt; }
 
 class FusedAttention : public torch::autograd::Function<FusedAttention> {
  public:
-  // Inputs that can carry a gradient: query, key, value, att (an absent att
-  // is no edge, see needs_input_grad below).
+  // Inputs that can carry a gradient: query, key, value, att, edge_score,
+  // edge_key, edge_value (an absent one is no edge, see needs_input_grad
+  // below).
   static variable_list forward(AutogradContext* ctx, const Tensor& query,
                                const Tensor& key, const Tensor& value,
-                               const c10::optional<Tensor>& att,
+                               const OptTensor& att, const OptTensor& es,
+                               const OptTensor& ek, const OptTensor& ev,
                                const GraphArgs& g) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [out, lse] = fwd_op().call(
+    auto [out, lse, alpha, rng_state] = fwd_op().call(
         g.rowptr, g.col, g.kind, query, key, value, att, g.scale,
         g.negative_slope, g.strategy, g.max_in_degree, g.windows,
-        g.stage_nodes);
-    ctx->save_for_backward(
-        {query, key, value, att.has_value() ? *att : Tensor(), lse});
+        g.stage_nodes, es, ek, ev, g.dropout, g.attention, g.attention_perm);
+    auto val = [](const OptTensor& t) { return t.has_value() ? *t : Tensor(); };
+    ctx->save_for_backward({query, key, value, val(att), lse, val(es),
+                            val(ek), val(ev)});
     auto& data = ctx->saved_data;
+    data["rng_state"] = rng_state;
+    data["dropout"] = g.dropout;
+    data["attention"] = g.attention;
+    data["attention_perm"] = g.attention_perm;
+    // ek and ev the same tensor ('dot', TransformerConv): one gradient
+    data["ekv_shared"] = ek.has_value() && ev.has_value() && ek->is_same(*ev);
     data["rowptr"] = g.rowptr;
     data["col"] = g.col;
     data["colptr"] = g.colptr;
@@ -106,7 +122,7 @@ class FusedAttention : public torch::autograd::Function<FusedAttention> {
     data["max_in_degree"] = g.max_in_degree;
     data["max_out_degree"] = g.max_out_degree;
     ctx->mark_non_differentiable({lse});
-    return {out, lse};
+    return {out, lse, alpha};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -121,12 +137,23 @@ class FusedAttention : public torch::autograd::Function<FusedAttention> {
     const auto saved = ctx->get_saved_variables();
     const Tensor& att = saved[3];
     const bool has_att = att.defined();
+    // Only the weights may carry a gradient (the output unused): dO = 0.
+    const Tensor grad_out =
+        grads[0].defined()
+            ? grads[0].contiguous()
+            : at::zeros({data["rowptr"].toTensor().size(0) - 1,
+                         saved[2].size(1), saved[2].size(2)},
+                        saved[2].options());
+    const int64_t attention = data["attention"].toInt();
+    const OptTensor grad_alpha =
+        attention > 0 && grads[2].defined() ? OptTensor(grads[2])
+                                            : c10::nullopt;
     // Double backward (create_graph) is not supported: the backward ops
     // have no autograd, so let the dispatcher say so; otherwise skip it.
     c10::optional<at::AutoDispatchBelowADInplaceOrView> below;
     if (!at::GradMode::is_enabled()) below.emplace();
-    auto [gq, gk, gv, ga] = bwd_op().call(
-        grads[0].contiguous(), data["rowptr"].toTensor(),
+    auto [gq, gk, gv, ga, ges, gek, gev] = bwd_op().call(
+        grad_out, data["rowptr"].toTensor(),
         data["col"].toTensor(), *colptr, *csc_row, *csc_perm,
         data["kind"].toInt(), saved[0], saved[1], saved[2],
         has_att ? c10::optional<Tensor>(att) : c10::nullopt, saved[4],
@@ -134,12 +161,25 @@ class FusedAttention : public torch::autograd::Function<FusedAttention> {
         data["windows"].toOptional<Tensor>(), data["stage_nodes"].toInt(),
         data["col_windows"].toOptional<Tensor>(),
         data["col_stage_nodes"].toInt(), data["max_in_degree"].toInt(),
-        data["max_out_degree"].toInt());
+        data["max_out_degree"].toInt(), opt(saved[5]), opt(saved[6]),
+        opt(saved[7]), data["dropout"].toDouble(),
+        opt(data["rng_state"].toTensor()), grad_alpha, attention,
+        data["attention_perm"].toOptional<Tensor>());
     // One entry per forward argument (GraphArgs last); undefined = no grad.
-    return {ctx->needs_input_grad(0) ? gq : Tensor(),
-            ctx->needs_input_grad(1) ? gk : Tensor(),
-            ctx->needs_input_grad(2) ? gv : Tensor(),
-            has_att && ctx->needs_input_grad(3) ? ga : Tensor(), Tensor()};
+    // needs_input_grad counts only the arguments that were tensors (absent
+    // optional ones have no edge). A shared ek = ev gets its whole gradient
+    // through the ek slot.
+    const bool shared = data["ekv_shared"].toBool();
+    const Tensor* inputs[7] = {&saved[0], &saved[1], &saved[2], &saved[3],
+                               &saved[5], &saved[6], &saved[7]};
+    const Tensor got[7] = {gq, gk, gv, ga, ges, gek,
+                           shared ? Tensor() : gev};
+    variable_list result(8);
+    for (int i = 0, edge = 0; i < 7; ++i) {
+      if (!inputs[i]->defined()) continue;
+      if (ctx->needs_input_grad(edge++)) result[i] = got[i];
+    }
+    return result;
   }
 };
 
@@ -150,7 +190,7 @@ c10::optional<Tensor> contiguous(const c10::optional<Tensor>& t) {
   return t.has_value() ? c10::optional<Tensor>(t->contiguous()) : t;
 }
 
-std::tuple<Tensor, Tensor> fused_attention_cuda(
+std::tuple<Tensor, Tensor, Tensor> fused_attention_cuda(
     const Tensor& rowptr, const Tensor& col,
     const c10::optional<Tensor>& /*colptr*/,
     const c10::optional<Tensor>& /*csc_row*/,
@@ -160,14 +200,20 @@ std::tuple<Tensor, Tensor> fused_attention_cuda(
     int64_t strategy, int64_t max_in_degree,
     const c10::optional<Tensor>& windows, int64_t stage_nodes,
     const c10::optional<Tensor>& /*col_windows*/,
-    int64_t /*col_stage_nodes*/, int64_t /*max_out_degree*/) {
-  return fused_attention_fwd_cuda(
+    int64_t /*col_stage_nodes*/, int64_t /*max_out_degree*/,
+    const OptTensor& edge_score, const OptTensor& edge_key,
+    const OptTensor& edge_value, double dropout, int64_t attention,
+    const OptTensor& attention_perm) {
+  auto [out, lse, alpha, rng_state] = fused_attention_fwd_cuda(
       rowptr, col, kind, query.contiguous(), key.contiguous(),
       value.contiguous(), contiguous(att), scale, negative_slope, strategy,
-      max_in_degree, windows, stage_nodes);
+      max_in_degree, windows, stage_nodes, contiguous(edge_score),
+      contiguous(edge_key), contiguous(edge_value), dropout, attention,
+      attention_perm);
+  return {out, lse, alpha};
 }
 
-std::tuple<Tensor, Tensor> fused_attention_autograd(
+std::tuple<Tensor, Tensor, Tensor> fused_attention_autograd(
     const Tensor& rowptr, const Tensor& col,
     const c10::optional<Tensor>& colptr, const c10::optional<Tensor>& csc_row,
     const c10::optional<Tensor>& csc_perm, int64_t kind, const Tensor& query_in, const Tensor& key_in,
@@ -175,26 +221,43 @@ std::tuple<Tensor, Tensor> fused_attention_autograd(
     double negative_slope, int64_t strategy, int64_t max_in_degree,
     const c10::optional<Tensor>& windows, int64_t stage_nodes,
     const c10::optional<Tensor>& col_windows, int64_t col_stage_nodes,
-    int64_t max_out_degree) {
+    int64_t max_out_degree, const OptTensor& edge_score_in,
+    const OptTensor& edge_key_in, const OptTensor& edge_value_in,
+    double dropout, int64_t attention, const OptTensor& attention_perm) {
   const Tensor query = query_in.contiguous(), key = key_in.contiguous(),
                value = value_in.contiguous();
   const c10::optional<Tensor> att = contiguous(att_in);
-  const bool track =
-      at::GradMode::is_enabled() &&
-      (query.requires_grad() || key.requires_grad() || value.requires_grad() ||
-       (att.has_value() && att->requires_grad()));
+  const OptTensor es = contiguous(edge_score_in);
+  // (one contiguous copy when ek and ev are the same strided tensor, so
+  // that they stay one tensor)
+  const OptTensor ek = contiguous(edge_key_in);
+  const OptTensor ev =
+      edge_value_in.has_value() && edge_key_in.has_value() &&
+              edge_value_in->is_same(*edge_key_in)
+          ? ek
+          : contiguous(edge_value_in);
+  auto grad = [](const OptTensor& t) {
+    return t.has_value() && t->requires_grad();
+  };
+  const bool track = at::GradMode::is_enabled() &&
+                     (query.requires_grad() || key.requires_grad() ||
+                      value.requires_grad() || grad(att) || grad(es) ||
+                      grad(ek) || grad(ev));
   if (!track) {  // no node: no saved tensors, no copy of the output
     at::AutoDispatchBelowADInplaceOrView guard;
-    return fwd_op().call(rowptr, col, kind, query, key, value, att, scale,
-                         negative_slope, strategy, max_in_degree, windows,
-                         stage_nodes);
+    auto [out, lse, alpha, rng_state] = fwd_op().call(
+        rowptr, col, kind, query, key, value, att, scale, negative_slope,
+        strategy, max_in_degree, windows, stage_nodes, es, ek, ev, dropout,
+        attention, attention_perm);
+    return {out, lse, alpha};
   }
   auto outs = FusedAttention::apply(
-      query, key, value, att,
+      query, key, value, att, es, ek, ev,
       GraphArgs{rowptr, col, colptr, csc_row, csc_perm, kind, scale,
                 negative_slope, strategy, max_in_degree, windows, stage_nodes,
-                col_windows, col_stage_nodes, max_out_degree});
-  return {outs[0], outs[1]};
+                col_windows, col_stage_nodes, max_out_degree, dropout,
+                attention, attention_perm});
+  return {outs[0], outs[1], outs[2]};
 }
 
 }  // namespace
@@ -206,7 +269,10 @@ TORCH_LIBRARY_FRAGMENT(pyg_dfgnn, m) {
       "Tensor key, Tensor value, Tensor? att, float scale, "
       "float negative_slope, int strategy, int max_in_degree, "
       "Tensor? windows, int stage_nodes, Tensor? col_windows, "
-      "int col_stage_nodes, int max_out_degree=-1) -> (Tensor, Tensor)");
+      "int col_stage_nodes, int max_out_degree=-1, Tensor? edge_score=None, "
+      "Tensor? edge_key=None, Tensor? edge_value=None, float dropout=0., "
+      "int attention=0, Tensor? attention_perm=None) "
+      "-> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(pyg_dfgnn, CUDA, m) {

@@ -35,7 +35,8 @@ void check_shape(const at::Tensor& t, const char* name,
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+           at::Tensor, at::Tensor>
 fused_attention_bwd_cuda(
     const at::Tensor& grad_out, const at::Tensor& rowptr, const at::Tensor& col,
     const at::Tensor& colptr, const at::Tensor& csc_row,
@@ -44,7 +45,13 @@ fused_attention_bwd_cuda(
     const c10::optional<at::Tensor>& att, const at::Tensor& lse, double scale,
     double negative_slope, const c10::optional<at::Tensor>& windows,
     int64_t stage_nodes, const c10::optional<at::Tensor>& col_windows,
-    int64_t col_stage_nodes, int64_t max_in_degree, int64_t max_out_degree) {
+    int64_t col_stage_nodes, int64_t max_in_degree, int64_t max_out_degree,
+    const c10::optional<at::Tensor>& edge_score,
+    const c10::optional<at::Tensor>& edge_key,
+    const c10::optional<at::Tensor>& edge_value, double dropout,
+    const c10::optional<at::Tensor>& rng_state,
+    const c10::optional<at::Tensor>& grad_alpha, int64_t attention,
+    const c10::optional<at::Tensor>& attention_perm) {
   using pyg_dfgnn::bwd::Args;
   TORCH_CHECK(kind >= 0 && kind <= 2, "fused_attention_bwd: unknown kind ",
               kind);
@@ -121,6 +128,59 @@ fused_attention_bwd_cuda(
       check_shape(att_t, "att", {H, D});
     }
   }
+  // Optional per-edge inputs (CSR order) and the returned weights' gradient.
+  auto edge_input = [&](const c10::optional<at::Tensor>& t, const char* name,
+                        std::initializer_list<int64_t> shape) -> at::Tensor {
+    if (!t.has_value() || !t->defined()) return at::Tensor();
+    check_tensor(*t, name, dev);
+    TORCH_CHECK(t->scalar_type() == dt, "fused_attention_bwd: '", name,
+                "' has dtype ", t->scalar_type(), " but 'value' has ", dt);
+    check_shape(*t, name, shape);
+    return *t;
+  };
+  const at::Tensor es = edge_input(edge_score, "edge_score", {E, H});
+  const at::Tensor ek = edge_input(edge_key, "edge_key", {E, H, D});
+  const at::Tensor ev = edge_input(edge_value, "edge_value", {E, H, F});
+  TORCH_CHECK(!es.defined() || kind == kAdd,
+              "fused_attention_bwd: 'edge_score' is only used by 'add'");
+  TORCH_CHECK(!ek.defined() || kind != kAdd,
+              "fused_attention_bwd: 'edge_key' is not used by 'add'");
+  TORCH_CHECK(dropout >= 0.0 && dropout < 1.0,
+              "fused_attention_bwd: 'dropout' must be in [0, 1)");
+  at::Tensor rng;
+  if (dropout > 0.0) {
+    TORCH_CHECK(rng_state.has_value() && rng_state->defined(),
+                "fused_attention_bwd: dropout needs the forward's "
+                "'rng_state'");
+    rng = *rng_state;
+    check_tensor(rng, "rng_state", dev);
+    TORCH_CHECK(rng.scalar_type() == at::kLong && rng.numel() == 2,
+                "fused_attention_bwd: 'rng_state' must be int64 [2] (the "
+                "forward's)");
+  }
+  at::Tensor galpha;
+  if (grad_alpha.has_value() && grad_alpha->defined()) {
+    TORCH_CHECK(attention == 1 || attention == 2,
+                "fused_attention_bwd: 'grad_alpha' needs 'attention' 1 "
+                "(before dropout) or 2 (after)");
+    galpha = grad_alpha->contiguous();
+    check_tensor(galpha, "grad_alpha", dev);
+    TORCH_CHECK(galpha.scalar_type() == dt, "fused_attention_bwd: "
+                "'grad_alpha' has dtype ", galpha.scalar_type(),
+                " but 'value' has ", dt);
+    check_shape(galpha, "grad_alpha", {E, H});
+  }
+  at::Tensor aperm;
+  if (galpha.defined() && attention_perm.has_value() &&
+      attention_perm->defined()) {
+    aperm = *attention_perm;
+    check_tensor(aperm, "attention_perm", dev);
+    TORCH_CHECK((aperm.scalar_type() == at::kInt ||
+                 aperm.scalar_type() == at::kLong) &&
+                    aperm.dim() == 1 && aperm.numel() == E,
+                "fused_attention_bwd: 'attention_perm' must be an int32 / "
+                "int64 permutation of the E edges");
+  }
   auto check_windows = [&](const c10::optional<at::Tensor>& w,
                            const char* name) -> at::Tensor {
     if (!w.has_value() || !w->defined()) return at::Tensor();
@@ -145,6 +205,17 @@ fused_attention_bwd_cuda(
   a.colptr = colptr;
   a.csc_row = csc_row.to(it);
   a.csc_perm = csc_perm.to(it);
+  a.edge_score = es;
+  a.edge_key = ek;
+  a.edge_value = ev;
+  a.grad_alpha = galpha;
+  a.attention_perm = aperm.defined() ? aperm.to(it) : aperm;
+  a.alpha_dropped = attention == 2;
+  // TransformerConv's ek = ev: one [E, H, F] gradient (in grad_edge_key)
+  a.ekv_shared = kind == kDot && ek.defined() && ev.defined() &&
+                 ek.is_same(ev);
+  a.drop = pyg_dfgnn::dropout_mask(
+      dropout, rng.defined() ? rng.data_ptr<int64_t>() : nullptr);
   a.query = query;
   a.key = key;
   a.value = value;
@@ -167,10 +238,19 @@ fused_attention_bwd_cuda(
   // A schema output cannot be undefined: no 'att' -> an empty grad_att.
   a.grad_att = att_t.defined() ? at::empty_like(att_t)
                                : at::empty({0}, value.options());
+  auto grad_of = [&](const at::Tensor& t) {
+    return t.defined() ? at::empty_like(t) : at::empty({0}, value.options());
+  };
+  a.grad_edge_score = grad_of(es);
+  a.grad_edge_key = grad_of(ek);
+  a.grad_edge_value = a.ekv_shared ? at::empty({0}, value.options())
+                                   : grad_of(ev);
   switch (dt) {
     case at::kFloat: pyg_dfgnn::bwd::run_bwd<float>(a); break;
     case at::kHalf: pyg_dfgnn::bwd::run_bwd<at::Half>(a); break;
     default: pyg_dfgnn::bwd::run_bwd<at::BFloat16>(a); break;
   }
-  return {a.grad_query, a.grad_key, a.grad_value, a.grad_att};
+  return {a.grad_query,      a.grad_key,      a.grad_value,
+          a.grad_att,        a.grad_edge_score, a.grad_edge_key,
+          a.grad_edge_value};
 }

@@ -18,6 +18,20 @@
 //   d att += ds_ij leaky(z_ij) (gatv2: per-block partials, summed by host).
 // No dot products there, no atomics anywhere: deterministic.
 //
+// Training features (runtime switches, as in the forward):
+//   edge terms: es / ek join the score recompute in both passes, ev the
+//   dp_ij = <dO_i, v_j + ev_ij> of the rows pass; their gradients are
+//   per-edge products the cols pass forms anyway -- d es = ds leaky'(z),
+//   d ek = scale ds q_i (dot) or ds att leaky'(z) (gatv2), d ev = p' dO_i --
+//   written by it to the edge's CSR row (TransformerConv's ek = ev: one
+//   gradient, both terms in the dV slots);
+//   dropout: the rows pass regenerates the mask factor f (0 or 1 / (1 - p))
+//   from the forward's Philox (seed, offset): dp' = f dp, p' = f p, and
+//   stores (f == 0 ? -p : p, t) in ebuf, so the cols pass reads the mask
+//   from the sign instead of recomputing it;
+//   attention weights with a gradient (alpha returned by the forward):
+//   dp' += g_alpha (times f when alpha was returned after dropout).
+//
 // Memory: only lse [N_dst, H] comes from the forward; ebuf is E * H * 8
 // bytes, transient, never E * F.
 //
@@ -63,6 +77,15 @@ struct BwdArgs {
   const T* __restrict__ nbr_b;      // rows: value | cols: grad_out
   const T* __restrict__ att;        // gatv2 [H, D]
   const float* __restrict__ lse;    // [N_dst, H]
+  EdgeTerms<T> et;                  // CSR order (nullptr: absent)
+  DropoutMask drop;
+  const T* __restrict__ galpha;     // rows: [E, H] in the order of aperm
+  const I* __restrict__ aperm;      // CSR edge -> row of galpha (or null)
+  bool galpha_dropped;              // alpha was returned after dropout
+  T* __restrict__ g_es;             // cols: d edge_score [E, H]
+  T* __restrict__ g_ek;             // cols: d edge_key [E, H, D]
+  T* __restrict__ g_ev;             // cols: d edge_value [E, H, F]
+  bool ekv_shared;                  // 'dot' with ek == ev: one gradient
   float* __restrict__ drow;         // [N_dst, H]: rows writes, cols reads
   float2* __restrict__ ebuf;        // [E, H] (p, t)
   T* __restrict__ grad_a;           // rows: grad_query | cols: grad_key
@@ -214,6 +237,8 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
   float* add_b = w.hv + 3 * H;
   const int n_pass = slots > 0 ? (slots + group * SLOTS - 1) / (group * SLOTS)
                                : 1;
+  uint64_t seed, offset;
+  a.drop.begin(seed, offset);
 
   for (;;) {
     int r = 0;
@@ -258,7 +283,7 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
           for (int it = lane; it < n_items; it += kWarpSize) {
             const int e = (int)(((unsigned)it * h_magic) >> 20), h = it - e * H;
             const float2 pt = a.ebuf[(cb + e) * H + h];
-            w.p[h * C + e] = pt.x;
+            w.p[h * C + e] = fabsf(pt.x);  // (the sign marks a dropped edge)
             w.t[h * C + e] = pt.y;
           }
         }
@@ -278,10 +303,14 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
               if constexpr (KIND != kAdd)
                 ps[u] = score_part<KIND, T, VW>(
                     w.own + h * D, kb + jr * HD_k + h * D, att + h * D, D,
-                    lg * VW, G * VW, a.slope);
-              pd[u] = score_part<kDot, T, VW>(w.own2 + h * F,
-                                              vb + jr * HF + h * F, nullptr,
-                                              F, lg * VW, G * VW, 0.f);
+                    lg * VW, G * VW, a.slope,
+                    a.et.ek != nullptr ? a.et.ek + (cb + e) * HD_k + h * D
+                                       : nullptr);
+              pd[u] = score_part<kDot, T, VW>(
+                  w.own2 + h * F, vb + jr * HF + h * F, nullptr, F, lg * VW,
+                  G * VW, 0.f,
+                  a.et.ev != nullptr ? a.et.ev + (cb + e) * HF + h * F
+                                     : nullptr);
             }
           }
 #pragma unroll
@@ -293,14 +322,26 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
               float sc = sp, gz = 1.f;
               if constexpr (KIND == kDot) sc = sp * a.scale;
               if constexpr (KIND == kAdd) {
-                const float z =
-                    w.own[h] + to_float(kb[(OFF)w.j[e] * H + h]);
+                float z = w.own[h] + to_float(kb[(OFF)w.j[e] * H + h]);
+                if (a.et.es != nullptr)
+                  z += to_float(a.et.es[(cb + e) * H + h]);
                 sc = leaky_relu(z, a.slope);
                 gz = leaky_relu_grad(z, a.slope);
               }
               const float p = expf(sc - lse_h[h]);
-              const float t = p * dp;
-              if (pass == 0) a.ebuf[(cb + e) * H + h] = make_float2(p, t);
+              // out_i = sum_j f p_ij (v_j + ev_ij): dL/dp_ij = f dp_ij
+              // (+ the returned weights' own gradient)
+              const float f = a.drop.factor(seed, offset, cb + e, h);
+              float dpe = f * dp;
+              if (a.galpha != nullptr) {
+                const int64_t ea = a.aperm != nullptr
+                                       ? (int64_t)a.aperm[cb + e] : cb + e;
+                dpe = fmaf(to_float(a.galpha[ea * H + h]),
+                           a.galpha_dropped ? f : 1.f, dpe);
+              }
+              const float t = p * dpe;
+              if (pass == 0)
+                a.ebuf[(cb + e) * H + h] = make_float2(f == 0.f ? -p : p, t);
               w.t[h * C + e] = t;
               w.p[h * C + e] = p * gz;
               if constexpr (KIND == kAdd) w.g[h * C + e] = t * gz;
@@ -326,8 +367,13 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
           for_chunk_vectors<T, VW, SLOTS, kUnrollRows>(
               n, slots, c0, group, ls, sub,
               [&](int e, int sl) { return kb + (OFF)w.j[e] * HD_k + sl * VW; },
-              [&](int e, int s, int sl, const float (&x)[VW]) {
+              [&](int e, int s, int sl, const float (&xk)[VW]) {
                 const float p = w.p[hs[s] * C + e], t = w.t[hs[s] * C + e];
+                float x[VW];  // k_j + ek_ij
+#pragma unroll
+                for (int i = 0; i < VW; ++i) x[i] = xk[i];
+                if (a.et.ek != nullptr)
+                  add_vec<T, VW>(a.et.ek + (cb + e) * HD_k + sl * VW, x);
                 if constexpr (KIND == kDot) {
 #pragma unroll
                   for (int i = 0; i < VW; ++i) {
@@ -417,6 +463,7 @@ __device__ __forceinline__ void cols_pass(const BwdArgs<T, I>& a,
   const unsigned h_magic = ((1u << 20) + H - 1) / H;
   const int n_pass = (slots + group * SLOTS - 1) / (group * SLOTS);
   float* add_k = w.hv;
+  const float keep_scale = a.drop.active ? a.drop.keep_scale : 1.f;
 
   // gatv2: owners go to warps round-robin, so that each warp's d att
   // partial (summed over its owners) is the same in every run
@@ -459,19 +506,25 @@ __device__ __forceinline__ void cols_pass(const BwdArgs<T, I>& a,
         __syncwarp();
         // ds only when this pass has dK slots (or 'add's d a_src)
         // (gatv2 always: the branch costs it registers)
+        // (and in every pass for the shared edge gradient's dV slots)
         const bool need_ds = KIND == kAdd   ? pass == 0
-                             : KIND == kDot ? c0 < slots_k
+                             : KIND == kDot ? c0 < slots_k || a.ekv_shared
                                             : true;
         for (int it = lane; it < n * H; it += kWarpSize) {
           const int e = (int)(((unsigned)it * h_magic) >> 20), h = it - e * H;
           const float2 pt = a.ebuf[w.e[e] * H + h];
-          w.p[h * C + e] = pt.x;
+          const float p = fabsf(pt.x);
+          // dV takes the dropped p' = f p (sign bit: dropped, see rows)
+          w.p[h * C + e] = signbit(pt.x) ? 0.f : p * keep_scale;
           if (!need_ds) continue;
           const OFF ir = (OFF)w.j[e];
-          float ds = pt.y - pt.x * db[ir * H + h];
-          if constexpr (KIND == kAdd)
-            ds *= leaky_relu_grad(w.own[h] + to_float(qb[ir * H + h]),
-                                  a.slope);
+          float ds = pt.y - p * db[ir * H + h];
+          if constexpr (KIND == kAdd) {
+            float z = w.own[h] + to_float(qb[ir * H + h]);
+            if (a.et.es != nullptr) z += to_float(a.et.es[w.e[e] * H + h]);
+            ds *= leaky_relu_grad(z, a.slope);
+            if (a.g_es != nullptr) a.g_es[w.e[e] * H + h] = from_float<T>(ds);
+          }
           w.t[h * C + e] = ds;
         }
         __syncwarp();
@@ -491,28 +544,51 @@ __device__ __forceinline__ void cols_pass(const BwdArgs<T, I>& a,
                          : ob + (OFF)w.j[e] * HF + (sl - slots_k) * VW;
             },
             [&](int e, int s, int sl, const float (&x)[VW]) {
+              const int64_t ecsr = w.e[e];
               if (sl < slots_k) {
                 const float ds = w.t[hs[s] * C + e];
+                float ge[VW];  // this edge's d ek slot
                 if constexpr (KIND == kDot) {
 #pragma unroll
-                  for (int i = 0; i < VW; ++i)
+                  for (int i = 0; i < VW; ++i) {
                     acc[s][i] = fmaf(ds, x[i], acc[s][i]);
+                    ge[i] = ds * x[i] * a.scale;
+                  }
                 } else if constexpr (KIND == kGatv2) {
                   float kx[VW], ax[VW];
                   load_smem<VW>(w.own + sl * VW, kx);
                   load_smem<VW>(att + sl * VW, ax);
+                  if (a.et.ek != nullptr)
+                    add_vec<T, VW>(a.et.ek + ecsr * HD_k + sl * VW, kx);
 #pragma unroll
                   for (int i = 0; i < VW; ++i) {
                     const float z = kx[i] + x[i];
-                    acc[s][i] = fmaf(ds * ax[i],
-                                     leaky_relu_grad(z, a.slope), acc[s][i]);
+                    ge[i] = ds * ax[i] * leaky_relu_grad(z, a.slope);
+                    acc[s][i] += ge[i];
                     lacc[s][i] = fmaf(ds, leaky_relu(z, a.slope), lacc[s][i]);
                   }
                 }
+                if constexpr (KIND != kAdd)
+                  if (a.g_ek != nullptr && !a.ekv_shared)
+                    store_vec<T, VW>(a.g_ek + ecsr * HD_k + sl * VW, ge);
               } else {
                 const float p = w.p[hs[s] * C + e];
+                const int sv = sl - slots_k;
 #pragma unroll
                 for (int i = 0; i < VW; ++i) acc[s][i] = fmaf(p, x[i], acc[s][i]);
+                if (a.g_ev != nullptr) {
+                  float gv[VW];  // p' dO_i (+ scale ds q_i when ek = ev)
+#pragma unroll
+                  for (int i = 0; i < VW; ++i) gv[i] = p * x[i];
+                  if (a.ekv_shared) {
+                    const float dss = w.t[hs[s] * C + e] * a.scale;
+                    float qx[VW];
+                    load_vec<T, VW>(qb + (OFF)w.j[e] * HD_k + sv * VW, qx);
+#pragma unroll
+                    for (int i = 0; i < VW; ++i) gv[i] = fmaf(dss, qx[i], gv[i]);
+                  }
+                  store_vec<T, VW>(a.g_ev + ecsr * HF + sv * VW, gv);
+                }
               }
             });
       }
@@ -727,11 +803,16 @@ __global__ void __launch_bounds__(256)
 struct Args {
   at::Tensor grad_out, rowptr, col, colptr, csc_row, csc_perm, query, key,
       value, att, lse, windows, col_windows;
+  at::Tensor edge_score, edge_key, edge_value;  // CSR order (or undefined)
+  at::Tensor grad_alpha, attention_perm;  // (undefined: none / identity)
+  bool alpha_dropped, ekv_shared;
+  DropoutMask drop;
   int64_t kind, stage_nodes, col_stage_nodes;
   int64_t max_in_degree, max_out_degree;  // longest CSR row / CSC column
   double scale, slope;
-  // outputs, allocated by the caller
+  // outputs, allocated by the caller (the edge ones where wanted)
   at::Tensor grad_query, grad_key, grad_value, grad_att;
+  at::Tensor grad_edge_score, grad_edge_key, grad_edge_value;
 };
 
 template <typename T> void run_bwd(Args& a);
@@ -845,9 +926,15 @@ void run_passes(Args& A, int optin) {
     return t.defined() ? t.data_ptr<T>() : nullptr;
   };
 
+  auto out_ptr = [](const at::Tensor& t) -> T* {
+    return t.defined() && t.numel() > 0 ? t.data_ptr<T>() : nullptr;
+  };
   BwdArgs<T, I> a{};
   a.att = ptr(A.att);
   a.lse = A.lse.data_ptr<float>();
+  a.et = {ptr(A.edge_score), ptr(A.edge_key), ptr(A.edge_value)};
+  a.drop = A.drop;
+  a.ekv_shared = A.ekv_shared;
   a.drow = drow.data_ptr<float>();
   a.ebuf = reinterpret_cast<float2*>(ebuf.data_ptr<float>());
   a.H = H, a.D = D, a.F = F;
@@ -863,6 +950,10 @@ void run_passes(Args& A, int optin) {
   r.nbr_a = ptr(A.key);
   r.nbr_b = ptr(A.value);
   r.grad_a = A.grad_query.data_ptr<T>();
+  r.galpha = ptr(A.grad_alpha);
+  r.aperm = A.grad_alpha.defined() && A.attention_perm.defined()
+                ? A.attention_perm.data_ptr<I>() : nullptr;
+  r.galpha_dropped = A.alpha_dropped;
   r.n_owner = n_dst;
   r.group = std::min(32, next_pow2(std::max(1, slots_k)));
   launch<T, I, KIND, VEC, false>(r, A.rowptr, E, A.max_in_degree, A.windows,
@@ -877,6 +968,10 @@ void run_passes(Args& A, int optin) {
   c.nbr_b = ptr(A.grad_out);
   c.grad_a = A.grad_key.data_ptr<T>();
   c.grad_b = A.grad_value.data_ptr<T>();
+  c.g_es = out_ptr(A.grad_edge_score);
+  c.g_ek = out_ptr(A.grad_edge_key);
+  // ek = ev ('dot'): one gradient, written with the dV slots
+  c.g_ev = A.ekv_shared ? c.g_ek : out_ptr(A.grad_edge_value);
   c.n_owner = n_src;
   c.group = std::min(32, next_pow2(slots_k + slots_v));
   at::Tensor att_part;
@@ -897,7 +992,8 @@ template <typename T> void run_bwd(Args& A) {
   bool vec = F % V == 0 && (A.kind == kAdd || D % V == 0);
   for (const at::Tensor* t : {&A.grad_out, &A.query, &A.key, &A.value,
                               &A.att, &A.grad_query, &A.grad_key,
-                              &A.grad_value})
+                              &A.grad_value, &A.edge_key, &A.edge_value,
+                              &A.grad_edge_key, &A.grad_edge_value})
     if (t->defined() && t->numel() > 0 &&
         reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 != 0)
       vec = false;

@@ -2,7 +2,10 @@
 // checks, output allocation, the SMMF / PMF decision, dtype dispatch. The
 // kernels are instantiated in fused_attention_fwd_{smmf,pmf}_{f32,f16,bf16}.cu
 // (six translation units that compile in parallel).
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDAGuard.h>
+
+#include <mutex>
 
 #include <algorithm>
 
@@ -39,15 +42,34 @@ bool aligned16(const at::Tensor& t) {
          reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
 }
 
+// An optional per-edge input: checked, or undefined when absent.
+at::Tensor edge_input(const c10::optional<at::Tensor>& t, const char* name,
+                      at::IntArrayRef shape, at::ScalarType dtype,
+                      at::Device dev) {
+  if (!t.has_value() || !t->defined()) return at::Tensor();
+  check_cuda(*t, name, dev);
+  TORCH_CHECK(t->scalar_type() == dtype, "fused_attention_fwd: '", name,
+              "' has dtype ", t->scalar_type(), " but 'value' has ", dtype);
+  TORCH_CHECK(t->sizes().equals(shape), "fused_attention_fwd: '", name,
+              "' must have shape ", shape, " (got ", t->sizes(), ")");
+  return *t;
+}
+
+
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> fused_attention_fwd_cuda(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+fused_attention_fwd_cuda(
     const at::Tensor& rowptr, const at::Tensor& col, int64_t kind,
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
     const c10::optional<at::Tensor>& att_opt, double scale,
     double negative_slope, int64_t strategy, int64_t max_in_degree,
-    const c10::optional<at::Tensor>& windows_opt, int64_t stage_nodes) {
+    const c10::optional<at::Tensor>& windows_opt, int64_t stage_nodes,
+    const c10::optional<at::Tensor>& edge_score_opt,
+    const c10::optional<at::Tensor>& edge_key_opt,
+    const c10::optional<at::Tensor>& edge_value_opt, double dropout,
+    int64_t attention, const c10::optional<at::Tensor>& attention_perm_opt) {
   TORCH_CHECK(kind >= 0 && kind <= 2, "fused_attention_fwd: unknown kind ",
               kind);
   const at::Device dev = value.device();
@@ -99,11 +121,53 @@ std::tuple<at::Tensor, at::Tensor> fused_attention_fwd_cuda(
   TORCH_CHECK(H * std::max(D, F) < (int64_t(1) << 30),
               "fused_attention_fwd: H * F too large");
 
+  const int64_t n_edges = col.numel();
+  const at::Tensor edge_score =
+      edge_input(edge_score_opt, "edge_score", {n_edges, H}, dtype, dev);
+  const at::Tensor edge_key =
+      edge_input(edge_key_opt, "edge_key", {n_edges, H, D}, dtype, dev);
+  const at::Tensor edge_value =
+      edge_input(edge_value_opt, "edge_value", {n_edges, H, F}, dtype, dev);
+  TORCH_CHECK(!edge_score.defined() || kind == kAdd,
+              "fused_attention_fwd: 'edge_score' is only used by 'add'");
+  TORCH_CHECK(!edge_key.defined() || kind != kAdd,
+              "fused_attention_fwd: 'edge_key' is not used by 'add'");
+  TORCH_CHECK(dropout >= 0.0 && dropout < 1.0,
+              "fused_attention_fwd: 'dropout' must be in [0, 1) (got ",
+              dropout, ")");
+  TORCH_CHECK(attention >= 0 && attention <= 2,
+              "fused_attention_fwd: 'attention' must be 0 (none), 1 (before "
+              "dropout) or 2 (after dropout)");
+  at::Tensor attention_perm;
+  if (attention > 0 && attention_perm_opt.has_value() &&
+      attention_perm_opt->defined()) {
+    attention_perm = *attention_perm_opt;
+    check_cuda(attention_perm, "attention_perm", dev);
+    TORCH_CHECK((attention_perm.scalar_type() == at::kInt ||
+                 attention_perm.scalar_type() == at::kLong) &&
+                    attention_perm.dim() == 1 &&
+                    attention_perm.numel() == n_edges,
+                "fused_attention_fwd: 'attention_perm' must be an int32 / "
+                "int64 permutation of the E edges");
+  }
+
   const c10::cuda::CUDAGuard guard(dev);
   auto out = at::empty({n_dst, H, F}, value.options());
   auto lse = at::empty({n_dst, H}, value.options().dtype(at::kFloat));
-  if (n_dst == 0) return {out, lse};
-  const int64_t n_edges = col.numel();
+  // (A schema output cannot be undefined: empty tensors when not asked.)
+  auto alpha = at::empty({attention > 0 ? n_edges : 0, H}, value.options());
+  auto rng_state = at::empty({dropout > 0.0 ? 2 : 0},
+                             value.options().dtype(at::kLong));
+  DropoutMask drop = dropout_mask(dropout);
+  if (drop.active) {
+    // Graph-safe under CUDA graph capture: the kernel unpacks the state.
+    auto* gen = at::get_generator_or_default<at::CUDAGeneratorImpl>(
+        c10::nullopt, at::cuda::detail::getDefaultCUDAGenerator());
+    std::lock_guard<std::mutex> lock(gen->mutex_);
+    drop.philox = gen->philox_cuda_state(4);
+    drop.save = rng_state.data_ptr<int64_t>();
+  }
+  if (n_dst == 0) return {out, lse, alpha, rng_state};
 
   if (max_in_degree < 0)
     max_in_degree = n_edges == 0 ? 0 : (rowptr.slice(0, 1) -
@@ -113,7 +177,8 @@ std::tuple<at::Tensor, at::Tensor> fused_attention_fwd_cuda(
   const bool vec = F % vw == 0 && (kind == kAdd || D % vw == 0) &&
                    aligned16(value) && aligned16(out) &&
                    (kind == kAdd || (aligned16(query) && aligned16(key))) &&
-                   aligned16(att);
+                   aligned16(att) && aligned16(edge_key) &&
+                   aligned16(edge_value);
   const int vw_used = vec ? vw : 1;
   const int qk_group =
       std::min(32, next_pow2((int)((D + vw_used - 1) / vw_used)));
@@ -124,6 +189,9 @@ std::tuple<at::Tensor, at::Tensor> fused_attention_fwd_cuda(
       &device_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev.index()));
 
   Launch L{rowptr, col, query, key, value, att, out, lse, at::Tensor(),
+           edge_score, edge_key, edge_value,
+           attention > 0 ? alpha : at::Tensor(), attention_perm,
+           attention == 2, drop,
            kind, n_dst, n_edges, max_in_degree, H, D, F,
            qk_group, v_group, device_optin, 0, vec, scale, negative_slope};
   // SMMF needs int32 'col' and its per-warp scratch (query row, one chunk of
@@ -168,5 +236,5 @@ std::tuple<at::Tensor, at::Tensor> fused_attention_fwd_cuda(
       TORCH_CHECK(false, "fused_attention_fwd: unsupported dtype ", dtype,
                   " (expected float32, float16 or bfloat16)");
   }
-  return {out, lse};
+  return {out, lse, alpha, rng_state};
 }

@@ -23,6 +23,13 @@
 //      (max, sum, unnormalised acc) per segment;
 //   c. a combine kernel merges the segments of long rows (flash-decoding
 //      style), so one node connected to all others still spreads over the GPU.
+// Training features, in both strategies (runtime switches, warp-uniform):
+//   edge terms (EdgeTerms, CSR order): es / ek read in the SDDMM, ev summed
+//   in the SpMM as a second neighbour row; attention dropout: the exp values
+//   are multiplied by the Philox mask after the row sum took them (lse stays
+//   the undropped one); attention weights: the raw scores go to an [E, H]
+//   fp32 buffer (PMF has it anyway) and alpha_kernel writes alpha in the
+//   user's edge order once lse is known. Off, each costs a branch.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -65,6 +72,9 @@ struct FwdArgs {
   const T* __restrict__ att;
   T* __restrict__ out;
   float* __restrict__ lse;
+  EdgeTerms<T> et;
+  DropoutMask drop;
+  float* __restrict__ scores;  // SMMF: raw scores [E, H] (nullptr: not kept)
   int64_t n_dst;
   int H, D, F;        // D: score feature size (1 for 'add')
   int qk_group;       // lanes per (edge, head) dot product (power of two)
@@ -78,11 +88,13 @@ __device__ __forceinline__ float score_part_global(const T* q_row,
                                                    const T* k_row,
                                                    const T* att, int D,
                                                    int d0, int dstep,
-                                                   float slope) {
+                                                   float slope,
+                                                   const T* e_row) {
   float acc = 0.f;
   for (int d = d0; d < D; d += dstep) {
     float kx[VW], qx[VW];
     load_vec<T, VW>(k_row + d, kx);
+    if (e_row != nullptr) add_vec<T, VW>(e_row + d, kx);
     load_vec<T, VW>(q_row + d, qx);
     if constexpr (KIND == kDot) {
 #pragma unroll
@@ -202,6 +214,8 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
 
   auto v_row = [&](int e) -> const T* { return vb + (OFF)w.j[e] * HF; };
   auto get_p = [&](int e, int h) -> float { return w.p[h * C + e]; };
+  uint64_t seed, offset;
+  a.drop.begin(seed, offset);
 
   for (;;) {
     int r = 0;
@@ -229,11 +243,17 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
         __syncwarp();
         // SDDMM over the chunk's (edge, head) items, two per group in flight
         const int n_items = n * H;
+        // raw scores for the attention weights: first feature pass only
+        float* sc_out = c0 == 0 && a.scores != nullptr ? a.scores + cb * H
+                                                       : nullptr;
         if constexpr (KIND == kAdd) {
           for (int it = lane; it < n_items; it += kWarpSize) {
             const int e = (int)(((unsigned)it * h_magic) >> 20), h = it - e * H;
-            const float x = w.q[h] + to_float(kb[(OFF)w.j[e] * H + h]);
-            w.p[h * C + e] = leaky_relu(x, a.slope);
+            float x = w.q[h] + to_float(kb[(OFF)w.j[e] * H + h]);
+            if (a.et.es != nullptr) x += to_float(a.et.es[(cb + e) * H + h]);
+            const float sc = leaky_relu(x, a.slope);
+            w.p[h * C + e] = sc;
+            if (sc_out != nullptr) sc_out[it] = sc;
           }
         } else {
           // warp-uniform trip count: group8_sum shuffles across groups
@@ -251,14 +271,19 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
                 eh[u][0] = e, eh[u][1] = h;
                 part[u] = score_part<KIND, T, VW>(
                     w.q + h * D, kb + (OFF)w.j[e] * HD_k + h * D, att + h * D,
-                    D, lg * VW, G * VW, a.slope);
+                    D, lg * VW, G * VW, a.slope,
+                    a.et.ek != nullptr ? a.et.ek + (cb + e) * HD_k + h * D
+                                       : nullptr);
               }
             }
 #pragma unroll
             for (int u = 0; u < 2; ++u) {
-              const float sc = group8_sum(part[u], G);
-              if (lg == 0 && eh[u][0] >= 0)
-                w.p[eh[u][1] * C + eh[u][0]] = KIND == kDot ? sc * a.scale : sc;
+              float sc = group8_sum(part[u], G);
+              if constexpr (KIND == kDot) sc *= a.scale;
+              if (lg == 0 && eh[u][0] >= 0) {
+                w.p[eh[u][1] * C + eh[u][0]] = sc;
+                if (sc_out != nullptr) sc_out[eh[u][0] * H + eh[u][1]] = sc;
+              }
             }
           }
         }
@@ -269,7 +294,9 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
           const float m_old = w.m[h];
           const float m_new = fmaxf(m_old, warp_max(sc));
           const float p = lane < n ? expf(sc - m_new) : 0.f;
-          if (lane < n) w.p[h * C + lane] = p;
+          // the row sum takes p; the SpMM the dropped p / (1 - drop)
+          if (lane < n)
+            w.p[h * C + lane] = p * a.drop.factor(seed, offset, cb + lane, h);
           const float sum = warp_sum(p);
           __syncwarp();
           if (lane == 0) {
@@ -291,6 +318,11 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
         }
         spmm_accumulate<T, VW, SLOTS>(acc, slots, c0, group, ls, sub, 0, n, hs,
                                       v_row, get_p);
+        if (a.et.ev != nullptr)  // the edges' value terms: rows in CSR order
+          spmm_accumulate<T, VW, SLOTS>(
+              acc, slots, c0, group, ls, sub, 0, n, hs,
+              [&](int e) -> const T* { return a.et.ev + (cb + e) * HF; },
+              get_p);
       }
       reduce_edge_groups<VW, SLOTS>(acc, group);
       __syncwarp();
@@ -425,12 +457,14 @@ __global__ void __launch_bounds__(kThreads)
         ii[u] = it;
         const int64_t j = (int64_t)a.col[e];
         if constexpr (KIND == kAdd) {
-          acc[u] = leaky_relu(to_float(a.q[r * H + h]) + to_float(a.k[j * H + h]),
-                              a.slope);
+          float x = to_float(a.q[r * H + h]) + to_float(a.k[j * H + h]);
+          if (a.et.es != nullptr) x += to_float(a.et.es[it]);
+          acc[u] = leaky_relu(x, a.slope);
         } else {
           acc[u] = score_part_global<KIND, T, VW>(
               a.q + r * HD + (int64_t)h * D, a.k + j * HD + (int64_t)h * D,
-              a.att + (int64_t)h * D, D, lg * VW, G * VW, a.slope);
+              a.att + (int64_t)h * D, D, lg * VW, G * VW, a.slope,
+              a.et.ek != nullptr ? a.et.ek + it * D : nullptr);
         }
       }
     }
@@ -493,6 +527,8 @@ __global__ void __launch_bounds__(kThreads)
   const int ls = lane % group, sub = lane / group;
   auto v_row = [&](int e) -> const T* { return a.v + s_j[e] * HF; };
   auto get_p = [&](int e, int h) -> float { return s_p[h * kTileEdges + e]; };
+  uint64_t seed, offset;
+  a.drop.begin(seed, offset);
   for (int c0 = 0; c0 < slots; c0 += group * SLOTS) {
     float acc[SLOTS][VW];
     int hs[SLOTS];
@@ -502,12 +538,19 @@ __global__ void __launch_bounds__(kThreads)
       __syncwarp();
       for (int x = lane; x < tn * H; x += kWarpSize) {
         const int e = x / H, h = x - e * H;
-        s_p[h * kTileEdges + e] = expf(scores[(es + t0 + e) * H + h] - s_m[h]);
+        s_p[h * kTileEdges + e] =
+            expf(scores[(es + t0 + e) * H + h] - s_m[h]) *
+            a.drop.factor(seed, offset, es + t0 + e, h);
       }
       if (lane < tn) s_j[lane] = (int64_t)a.col[es + t0 + lane];
       __syncwarp();
       spmm_accumulate<T, VW, SLOTS>(acc, slots, c0, group, ls, sub, 0, tn, hs,
                                     v_row, get_p);
+      if (a.et.ev != nullptr)
+        spmm_accumulate<T, VW, SLOTS>(
+            acc, slots, c0, group, ls, sub, 0, tn, hs,
+            [&](int e) -> const T* { return a.et.ev + (es + t0 + e) * HF; },
+            get_p);
     }
     reduce_edge_groups<VW, SLOTS>(acc, group);
     if (sub == 0) {
@@ -581,6 +624,29 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ============================================================= weights
+// alpha(e, h) = exp(s_eh - lse_row) (times the dropout factor when the
+// weights are returned after dropout, GAT's convention), written to row
+// perm[e] (the user's edge order; identity without perm). A thread per edge.
+template <typename T, typename I>
+__global__ void __launch_bounds__(kThreads)
+    alpha_kernel(const int64_t* __restrict__ rowptr, int64_t n_dst,
+                 const float* __restrict__ scores,
+                 const float* __restrict__ lse, const I* __restrict__ perm,
+                 DropoutMask drop, T* __restrict__ alpha, int64_t n_edges,
+                 int H) {
+  const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (e >= n_edges) return;
+  uint64_t seed, offset;
+  drop.begin(seed, offset);
+  const int64_t r = find_row(rowptr, n_dst, e);
+  const int64_t dst = perm != nullptr ? (int64_t)perm[e] : e;
+  for (int h = 0; h < H; ++h)
+    alpha[dst * H + h] = from_float<T>(
+        expf(scores[e * H + h] - lse[r * H + h]) *
+        drop.factor(seed, offset, e, h));
+}
+
 // ============================================================= launch
 // Everything the host entry decided; run_smmf<T> / run_pmf<T> (one
 // instantiation per dtype and strategy, each in its own translation unit so
@@ -588,6 +654,11 @@ __global__ void __launch_bounds__(kThreads)
 struct Launch {
   at::Tensor rowptr, col, query, key, value, att, out, lse;
   at::Tensor windows;  // SMMF: int64 [W + 1] row windows (undefined: plain)
+  at::Tensor edge_score, edge_key, edge_value;  // CSR order (or undefined)
+  at::Tensor alpha;       // [E, H] attention weights (undefined: not asked)
+  at::Tensor alpha_perm;  // CSR edge -> row of alpha (undefined: identity)
+  bool alpha_dropped;     // alpha after dropout (GAT) or before
+  DropoutMask drop;
   int64_t kind, n_dst, n_edges, max_in_degree;
   int64_t H, D, F;
   int qk_group, v_group, device_optin;
@@ -611,9 +682,15 @@ FwdArgs<scalar_t, index_t> make_args(const Launch& L) {
   a.q = L.query.data_ptr<scalar_t>();
   a.k = L.key.data_ptr<scalar_t>();
   a.v = L.value.data_ptr<scalar_t>();
-  a.att = L.att.defined() ? L.att.data_ptr<scalar_t>() : nullptr;
+  auto ptr = [](const at::Tensor& t) -> const scalar_t* {
+    return t.defined() ? t.data_ptr<scalar_t>() : nullptr;
+  };
+  a.att = ptr(L.att);
   a.out = L.out.data_ptr<scalar_t>();
   a.lse = L.lse.data_ptr<float>();
+  a.et = {ptr(L.edge_score), ptr(L.edge_key), ptr(L.edge_value)};
+  a.drop = L.drop;
+  a.scores = nullptr;
   a.n_dst = L.n_dst;
   a.H = (int)L.H, a.D = (int)L.D, a.F = (int)L.F;
   a.qk_group = L.qk_group, a.v_group = L.v_group;
@@ -631,6 +708,28 @@ inline SmmfLayout smmf_launch_layout(const Launch& L, int64_t span,
                      L.value.element_size());
 }
 
+// The attention weights from the raw scores, once lse is final.
+template <typename scalar_t>
+void run_alpha(const Launch& L, const at::Tensor& scores) {
+  if (!L.alpha.defined() || L.n_edges == 0) return;
+  DropoutMask drop = L.drop;
+  drop.active = drop.active && L.alpha_dropped;
+  drop.saved = drop.save;  // written by the forward kernel
+  const auto perm_type = L.alpha_perm.defined() ? L.alpha_perm.scalar_type()
+                                                : at::kLong;
+  PYG_DFGNN_DISPATCH_INDEX(perm_type, "fused_attention_fwd", [&] {
+    alpha_kernel<scalar_t, index_t>
+        <<<(unsigned)((L.n_edges + kThreads - 1) / kThreads), kThreads, 0,
+           c10::cuda::getCurrentCUDAStream()>>>(
+            L.rowptr.data_ptr<int64_t>(), L.n_dst, scores.data_ptr<float>(),
+            L.lse.data_ptr<float>(),
+            L.alpha_perm.defined() ? L.alpha_perm.data_ptr<index_t>()
+                                   : nullptr,
+            drop, L.alpha.data_ptr<scalar_t>(), L.n_edges, (int)L.H);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
 // SMMF (int32 col only: the host routes int64-indexed graphs to PMF).
 template <typename scalar_t>
 void run_smmf(const Launch& L) {
@@ -646,8 +745,12 @@ void run_smmf(const Launch& L) {
                              : (L.n_dst + kSmmfPlainRows - 1) / kSmmfPlainRows;
   if (blocks <= 0) return;
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  at::Tensor scores;  // raw scores, only for the attention weights
+  if (L.alpha.defined())
+    scores = at::empty({L.n_edges, L.H}, L.value.options().dtype(at::kFloat));
   PYG_DFGNN_DISPATCH_BOOL(L.vec, VEC, [&] {
-    const auto a = make_args<scalar_t, index_t, VEC>(L);
+    auto a = make_args<scalar_t, index_t, VEC>(L);
+    if (scores.defined()) a.scores = scores.data_ptr<float>();
     PYG_DFGNN_DISPATCH_KIND(L.kind, [&] {
       auto kernel = smmf_fwd_kernel<scalar_t, KIND, VEC>;
       allow_smem(kernel, bytes);
@@ -657,6 +760,7 @@ void run_smmf(const Launch& L) {
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });
+  run_alpha<scalar_t>(L, scores);
 }
 
 template <typename scalar_t>
@@ -720,6 +824,7 @@ void run_pmf(const Launch& L) {
             (int)H, (int)F);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
+  run_alpha<scalar_t>(L, scores);
 }
 
 }  // namespace fwd

@@ -21,21 +21,42 @@
 //           contiguous (DFGraph.row_windows); stage_nodes: the most sources
 //           one window reads. SMMF stages them in shared memory (as many as
 //           fit); without windows it takes fixed windows of 16 rows.
+//   training features (all optional, per-edge tensors in CSR edge order):
+//     edge_score [E, H] ('add': added inside the LeakyReLU), edge_key
+//     [E, H, D] ('dot': <q_i, k_j + ek_ij>; 'gatv2': inside the LeakyReLU),
+//     edge_value [E, H, F] (message v_j + ev_ij); dropout p on the
+//     attention weights (Philox from PyTorch's CUDA generator; the forward
+//     returns rng_state int64 [2] = (seed, offset), which the backward takes
+//     to regenerate the mask); attention 0 / 1 / 2: return no weights / the
+//     weights before / after dropout, as alpha [E, H] in value's dtype, row
+//     attention_perm[e] for CSR edge e (the user's edge order; identity
+//     without it). Absent outputs are empty tensors.
 #pragma once
 #include <ATen/ATen.h>
 #include <tuple>
 
 enum ScoreKind : int64_t { kDot = 0, kAdd = 1, kGatv2 = 2 };
 
-// -> (out [N_dst,H,F] in value's dtype, lse [N_dst,H] float32)
-std::tuple<at::Tensor, at::Tensor> fused_attention_fwd_cuda(
+// -> (out [N_dst,H,F] in value's dtype, lse [N_dst,H] float32,
+//     alpha [E,H] (or [0,H]), rng_state int64 [2] (or [0]))
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+fused_attention_fwd_cuda(
     const at::Tensor& rowptr, const at::Tensor& col, int64_t kind,
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
     const c10::optional<at::Tensor>& att, double scale, double negative_slope,
     int64_t strategy, int64_t max_in_degree,
-    const c10::optional<at::Tensor>& windows, int64_t stage_nodes);
+    const c10::optional<at::Tensor>& windows, int64_t stage_nodes,
+    const c10::optional<at::Tensor>& edge_score,
+    const c10::optional<at::Tensor>& edge_key,
+    const c10::optional<at::Tensor>& edge_value, double dropout,
+    int64_t attention, const c10::optional<at::Tensor>& attention_perm);
 
-// -> (grad_query, grad_key, grad_value, grad_att (empty [0] unless gatv2)).
+// -> (grad_query, grad_key, grad_value, grad_att (empty [0] unless gatv2),
+//     grad_edge_score, grad_edge_key, grad_edge_value (empty [0] for absent
+//     inputs; 'dot' with edge_key and edge_value the same tensor: their one
+//     gradient in grad_edge_key, grad_edge_value empty)).
+// grad_alpha: gradient of the forward's returned weights (attention 1 / 2,
+// same attention_perm), or None.
 // csc_perm: CSR edge id of each CSC entry. windows / stage_nodes: the
 // forward's row windows (rows pass); col_windows / col_stage_nodes: windows
 // over source nodes whose destinations are contiguous (DFGraph.col_windows),
@@ -43,7 +64,8 @@ std::tuple<at::Tensor, at::Tensor> fused_attention_fwd_cuda(
 // column (-1 = unknown: no sync, taken as long); owners longer than a
 // segment are split over warps when no windows are given. Only lse comes
 // from the forward (no output).
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+           at::Tensor, at::Tensor>
 fused_attention_bwd_cuda(
     const at::Tensor& grad_out, const at::Tensor& rowptr, const at::Tensor& col,
     const at::Tensor& colptr, const at::Tensor& csc_row,
@@ -52,7 +74,13 @@ fused_attention_bwd_cuda(
     const c10::optional<at::Tensor>& att, const at::Tensor& lse, double scale,
     double negative_slope, const c10::optional<at::Tensor>& windows,
     int64_t stage_nodes, const c10::optional<at::Tensor>& col_windows,
-    int64_t col_stage_nodes, int64_t max_in_degree, int64_t max_out_degree);
+    int64_t col_stage_nodes, int64_t max_in_degree, int64_t max_out_degree,
+    const c10::optional<at::Tensor>& edge_score,
+    const c10::optional<at::Tensor>& edge_key,
+    const c10::optional<at::Tensor>& edge_value, double dropout,
+    const c10::optional<at::Tensor>& rng_state,
+    const c10::optional<at::Tensor>& grad_alpha, int64_t attention,
+    const c10::optional<at::Tensor>& attention_perm);
 
 // The two ops' schemas (one definition: ops.cpp registers them in
 // pyg_dfgnn, the backward's stand-alone test build in its own namespace).
@@ -60,12 +88,18 @@ inline constexpr const char* kFusedAttentionFwdSchema =
     "fused_attention_fwd(Tensor rowptr, Tensor col, int kind, Tensor query, "
     "Tensor key, Tensor value, Tensor? att, float scale, "
     "float negative_slope, int strategy, int max_in_degree=-1, "
-    "Tensor? windows=None, int stage_nodes=0) -> (Tensor, Tensor)";
+    "Tensor? windows=None, int stage_nodes=0, Tensor? edge_score=None, "
+    "Tensor? edge_key=None, Tensor? edge_value=None, float dropout=0., "
+    "int attention=0, Tensor? attention_perm=None) "
+    "-> (Tensor, Tensor, Tensor, Tensor)";
 inline constexpr const char* kFusedAttentionBwdSchema =
     "fused_attention_bwd(Tensor grad_out, Tensor rowptr, Tensor col, "
     "Tensor colptr, Tensor csc_row, Tensor csc_perm, int kind, "
     "Tensor query, Tensor key, Tensor value, Tensor? att, Tensor lse, "
     "float scale, float negative_slope, Tensor? windows=None, "
     "int stage_nodes=0, Tensor? col_windows=None, int col_stage_nodes=0, "
-    "int max_in_degree=-1, int max_out_degree=-1) "
-    "-> (Tensor, Tensor, Tensor, Tensor)";
+    "int max_in_degree=-1, int max_out_degree=-1, Tensor? edge_score=None, "
+    "Tensor? edge_key=None, Tensor? edge_value=None, float dropout=0., "
+    "Tensor? rng_state=None, Tensor? grad_alpha=None, int attention=0, "
+    "Tensor? attention_perm=None) "
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)";

@@ -91,7 +91,7 @@ def main(argv=None):
                 go = torch.randn_like(v[:graph.num_dst])
 
                 def ops_fwd_bwd():  # the two ops, no autograd (as DF-GNN's)
-                    _, lse = fwd()
+                    _, lse, *_ = fwd()
                     torch.ops.pyg_dfgnn.fused_attention_bwd(
                         go, graph.rowptr, graph.col, colptr, csc_row,
                         csc_perm, 0, q, k, v, None, lse, 1.0, 0.2, win, stage,

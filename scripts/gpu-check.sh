@@ -54,7 +54,7 @@ if has test; then
 fi
 if has sanitize; then
   for tool in memcheck racecheck; do
-    for script in ${SANITIZE_SCRIPTS:-scripts/sanitize_cases.py scripts/sanitize_bwd.py}; do
+    for script in ${SANITIZE_SCRIPTS:-scripts/sanitize_cases.py scripts/sanitize_bwd.py scripts/sanitize_features.py}; do
       [ -f "$script" ] || continue
       name="$tool-$(basename "$script" .py)"
       stage "$name" 150 compute-sanitizer --tool "$tool" --error-exitcode 9 \

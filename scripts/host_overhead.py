@@ -47,7 +47,7 @@ def main():
     cuda.available()
     op = torch.ops.pyg_dfgnn
     plan = cuda._plan(graph, 'dot', q, v, None, backward=True)
-    _, lse = op.fused_attention_fwd(graph.rowptr, graph.col, 0, q, k, v, None,
+    _, lse, *_ = op.fused_attention_fwd(graph.rowptr, graph.col, 0, q, k, v, None,
                                     1.0, 0.2, *plan[:4])
     steps = {
         'fwd op (raw)': lambda: op.fused_attention_fwd(

@@ -32,7 +32,7 @@ def main():
             win, span, cwin, cspan = None, 0, None, 0
         print(case, 'windows', None if win is None else win.numel() - 1,
               'span', span, flush=True)
-        _, lse = torch.ops.pyg_dfgnn.fused_attention_fwd(
+        _, lse, *_ = torch.ops.pyg_dfgnn.fused_attention_fwd(
             graph.rowptr, graph.col, 0, q, k, v, None, 1.0, 0.2, 0,
             graph.max_in_degree, win, span)
         colptr, csc_row, csc_perm = graph.csc()

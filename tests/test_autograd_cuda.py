@@ -59,7 +59,7 @@ def test_grads_only_for_inputs_that_require_them(kind, wanted):
     for name, t in tensors.items():
         if t is not None and wanted in (name, 'all'):
             t.requires_grad_()
-    out, lse = _call(graph, kind, tensors['value'], tensors['query'],
+    out, lse, _ = _call(graph, kind, tensors['value'], tensors['query'],
                      tensors['key'], tensors['att'])
     assert out.requires_grad and not lse.requires_grad
     grad_out = torch.randn_like(out)
@@ -88,8 +88,8 @@ def test_strided_inputs_are_accepted():
     q_t = q.permute(2, 1, 0).contiguous().requires_grad_()  # [D, H, N]
     strided = q_t.permute(2, 1, 0)
     assert not strided.is_contiguous()
-    out, _ = _call(graph, 'dot', v, strided, k, None)
-    ref, _ = _call(graph, 'dot', v, q.requires_grad_(), k, None)
+    out, _, _ = _call(graph, 'dot', v, strided, k, None)
+    ref, _, _ = _call(graph, 'dot', v, q.requires_grad_(), k, None)
     torch.testing.assert_close(out, ref)
     out.sum().backward()
     ref.sum().backward()
@@ -100,7 +100,7 @@ def test_backward_without_csc_raises():
     _cuda()
     graph = _graph()
     v, q, k, _ = _inputs('dot', graph.num_src)
-    out, _ = _call(graph, 'dot', v.requires_grad_(), q, k, None, csc=False)
+    out, _, _ = _call(graph, 'dot', v.requires_grad_(), q, k, None, csc=False)
     with pytest.raises(RuntimeError, match='no CSC was built'):
         out.sum().backward()
 
@@ -113,7 +113,7 @@ def test_in_place_edit_of_result_keeps_backward():
     graph = _graph()
     v, q, k, _ = _inputs('dot', graph.num_src)
     v.requires_grad_()
-    out, _ = _call(graph, 'dot', v, q, k, None)
+    out, _, _ = _call(graph, 'dot', v, q, k, None)
     out.relu_()
     assert out._version > 0 and bool((out >= 0).all())
     (grad, ) = torch.autograd.grad(out.square().sum(), v)
@@ -128,14 +128,14 @@ def test_no_grad_and_inference_calls_record_nothing():
     _cuda()
     graph = _graph()
     v, q, k, _ = _inputs('dot', graph.num_src)
-    ref, _ = _call(graph, 'dot', v, q, k, None, csc=False)
+    ref, _, _ = _call(graph, 'dot', v, q, k, None, csc=False)
     v.requires_grad_()
     with torch.no_grad():
-        out, _ = _call(graph, 'dot', v, q, k, None, csc=False)
+        out, _, _ = _call(graph, 'dot', v, q, k, None, csc=False)
     assert out.grad_fn is None
     torch.testing.assert_close(out, ref)
     with torch.inference_mode():  # the op's CUDA kernel, below autograd
-        out, _ = _call(graph, 'dot', v, q, k, None, csc=False)
+        out, _, _ = _call(graph, 'dot', v, q, k, None, csc=False)
     torch.testing.assert_close(out, ref)
 
 

@@ -178,7 +178,7 @@ def run_case(gkind, n, kind, dtype, H, F, D, idx64=False, seed=0,
     for other in runs[1:]:  # same inputs -> bitwise the same gradients
         for a, b in zip(runs[0], other):
             assert torch.equal(a, b), 'backward is not deterministic'
-    gq, gk, gv, ga = runs[0]
+    gq, gk, gv, ga = runs[0][:4]
     got = [gq, gk, gv] + ([ga] if att is not None else [])
     errs = {}
     for name, g, r, inp in zip(('query', 'key', 'value', 'att'), got, ref,

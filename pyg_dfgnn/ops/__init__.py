@@ -17,8 +17,8 @@ with the score kinds
   (\mathbf{x}^r_i + \mathbf{x}^l_j + \mathbf{e}^K_{ij}) \rangle`, ``query`` =
   :math:`\mathbf{x}^r`, ``key`` = :math:`\mathbf{x}^l`, ``att`` [H, F].
 
-CUDA tensors run the fused kernels where they cover the call (no edge
-tensors, no attention dropout); everything else runs
+CUDA tensors run the fused kernels, edge terms, attention dropout and the
+attention weights included; CPU tensors (and float64) run
 :mod:`pyg_dfgnn.ops.reference`.
 """
 from typing import Optional, Tuple, Union
@@ -136,6 +136,8 @@ def fused_attention(
     dropout: float = 0.0,
     training: bool = False,
     return_attention: bool = False,
+    attention_after_dropout: bool = True,
+    attention_perm: Optional[Tensor] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     r"""Fused SDDMM -> edge softmax -> SpMM over ``graph``'s CSR.
 
@@ -156,28 +158,50 @@ def fused_attention(
         edge_value (Tensor, optional): per-edge value term [E, H, F].
         dropout (float): dropout on the attention coefficients.
         training (bool): whether dropout is active.
-        return_attention (bool): also return alpha [E, H] (CSR order).
+        return_attention (bool): also return alpha [E, H] (differentiable).
+        attention_after_dropout (bool): alpha after dropout (GATConv's
+            convention) or before it (``False``: TransformerConv's).
+        attention_perm (Tensor, optional): CSR edge ``e``'s weights go to
+            row ``attention_perm[e]`` of alpha (the kernels write them there
+            directly); CSR order without it.
 
     Edge tensors are in CSR order (``graph.perm`` maps to input order).
+    ``dropout`` draws its mask from PyTorch's CUDA generator
+    (``torch.manual_seed`` reproduces it) on CUDA, from ``F.dropout`` on the
+    CPU.
     """
     check_inputs(graph, kind, value, query, key, att, edge_score, edge_key,
                  edge_value)
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"'dropout' must be in [0, 1) (got {dropout})")
     drop = dropout if training else 0.0
-    plain = (edge_score is None and edge_key is None and edge_value is None
-             and drop == 0.0 and not return_attention)
-    if plain and value.is_cuda:
-        if _cuda.available():
-            return _cuda.fused_attention_cuda(graph, kind, value, query, key,
-                                              att, scale, negative_slope)
-    elif not value.is_cuda:
+    if attention_perm is not None and (
+            not isinstance(attention_perm, Tensor)
+            or attention_perm.shape != (graph.num_edges, )
+            or attention_perm.device != value.device):
+        raise ValueError(f"'attention_perm' must be a permutation of the "
+                         f"{graph.num_edges} edges on {value.device}")
+    if value.is_cuda and _cuda.available():
+        attention = None
+        if return_attention:
+            attention = ('after_dropout' if attention_after_dropout else
+                         'before_dropout')
+        return _cuda.fused_attention_cuda(
+            graph, kind, value, query, key, att, scale, negative_slope,
+            edge_score=edge_score, edge_key=edge_key, edge_value=edge_value,
+            dropout=drop, attention=attention, attention_perm=attention_perm)
+    if not value.is_cuda:
         _note_reference_path()
-    out, alpha = fused_attention_reference(graph, kind, value, query, key,
-                                           att, scale, negative_slope,
-                                           edge_score, edge_key, edge_value,
-                                           drop, training)
-    return (out, alpha) if return_attention else out
+    out, alpha = fused_attention_reference(
+        graph, kind, value, query, key, att, scale, negative_slope,
+        edge_score, edge_key, edge_value, drop, training,
+        attention_dropped=attention_after_dropout)
+    if not return_attention:
+        return out
+    if attention_perm is not None:
+        alpha = alpha.new_empty(alpha.shape).index_copy(
+            0, attention_perm.to(torch.int64), alpha)
+    return out, alpha
 
 
 __all__ = ['fused_attention', 'fused_attention_reference', 'check_inputs']

@@ -11,6 +11,12 @@ small graph take). Here the three get their fake (meta) impls, so that
 backward does not read it); the backward's two passes (CSR rows for dQ, CSC
 columns for dK / dV) share a transient float32 [E, H, 2] buffer of per-edge
 ``(p, p * dp)``: E * H, never E * F.
+
+Training features run in the same kernels: per-edge score / key / value
+terms (CSR order), attention dropout (Philox seeded from PyTorch's CUDA
+generator; the forward returns its ``(seed, offset)``, the backward
+regenerates the mask) and the attention weights, written by the forward only
+when asked, in the user's edge order.
 """
 from typing import Optional, Tuple
 
@@ -38,29 +44,44 @@ def available() -> bool:
 
 def _fwd_fake(rowptr, col, kind, query, key, value, att, scale,
               negative_slope, strategy, max_in_degree=-1, windows=None,
-              stage_nodes=0):
-    n_dst = rowptr.shape[0] - 1
-    out = value.new_empty((n_dst, value.shape[1], value.shape[2]))
-    lse = value.new_empty((n_dst, value.shape[1]), dtype=torch.float32)
-    return out, lse
+              stage_nodes=0, edge_score=None, edge_key=None, edge_value=None,
+              dropout=0.0, attention=0, attention_perm=None):
+    n_dst, heads = rowptr.shape[0] - 1, value.shape[1]
+    out = value.new_empty((n_dst, heads, value.shape[2]))
+    lse = value.new_empty((n_dst, heads), dtype=torch.float32)
+    alpha = value.new_empty((col.shape[0] if attention else 0, heads))
+    rng_state = value.new_empty((2 if dropout > 0 else 0, ),
+                                dtype=torch.int64)
+    return out, lse, alpha, rng_state
 
 
 def _bwd_fake(grad_out, rowptr, col, colptr, csc_row, csc_perm, kind, query,
               key, value, att, lse, scale, negative_slope, windows=None,
               stage_nodes=0, col_windows=None, col_stage_nodes=0,
-              max_in_degree=-1, max_out_degree=-1):
-    grad_att = torch.empty_like(att) if att is not None else \
-        value.new_empty((0, ))
+              max_in_degree=-1, max_out_degree=-1, edge_score=None,
+              edge_key=None, edge_value=None, dropout=0.0, rng_state=None,
+              grad_alpha=None, attention=0, attention_perm=None):
+    def grad_of(t):
+        return torch.empty_like(t) if t is not None else \
+            value.new_empty((0, ))
+
+    shared = kind == KIND_IDS['dot'] and edge_key is not None and \
+        edge_key is edge_value
     return (torch.empty_like(query), torch.empty_like(key),
-            torch.empty_like(value), grad_att)
+            torch.empty_like(value), grad_of(att), grad_of(edge_score),
+            grad_of(edge_key), grad_of(None if shared else edge_value))
 
 
 def _fused_fake(rowptr, col, colptr, csc_row, csc_perm, kind, query, key,
                 value, att, scale, negative_slope, strategy, max_in_degree,
                 windows, stage_nodes, col_windows, col_stage_nodes,
-                max_out_degree=-1):
+                max_out_degree=-1, edge_score=None, edge_key=None,
+                edge_value=None, dropout=0.0, attention=0,
+                attention_perm=None):
     return _fwd_fake(rowptr, col, kind, query, key, value, att, scale,
-                     negative_slope, strategy, max_in_degree)
+                     negative_slope, strategy, max_in_degree, None, 0,
+                     edge_score, edge_key, edge_value, dropout,
+                     attention)[:3]
 
 
 def _register() -> None:
@@ -191,26 +212,52 @@ def bwd_plan_args(plan: Plan) -> tuple:
     return tuple(plan[2:6]) + (plan[1], plan[6])
 
 
+#: ``attention`` argument of the ops: no weights, before / after dropout.
+ATTENTION_IDS = {None: 0, 'before_dropout': 1, 'after_dropout': 2}
+
+
 def fused_attention_cuda(graph, kind: str, value: Tensor, query: Tensor,
                          key: Tensor, att: Optional[Tensor], scale: float,
                          negative_slope: float,
-                         strategy: Optional[str] = None) -> Tensor:
+                         strategy: Optional[str] = None, *,
+                         edge_score: Optional[Tensor] = None,
+                         edge_key: Optional[Tensor] = None,
+                         edge_value: Optional[Tensor] = None,
+                         dropout: float = 0.0,
+                         attention: Optional[str] = None,
+                         attention_perm: Optional[Tensor] = None):
     """Fused attention on CUDA tensors (inputs already validated by
     :func:`pyg_dfgnn.ops.check_inputs`). ``strategy`` overrides the SMMF /
-    PMF rule (``'smmf'`` or ``'pmf'``; tests use it)."""
+    PMF rule (``'smmf'`` or ``'pmf'``; tests use it).
+
+    ``dropout`` is the active drop probability (0 outside training);
+    ``attention`` (``'before_dropout'`` / ``'after_dropout'``) also returns
+    the weights [E, H], row ``attention_perm[e]`` for CSR edge ``e``.
+    Returns ``out``, or ``(out, alpha)`` when ``attention`` is set."""
     if kind not in KIND_IDS:
         raise ValueError(f"'kind' must be one of {tuple(KIND_IDS)} "
                          f"(got '{kind}')")
     _check_cuda_inputs(value, query, key, att)
+    if attention not in ATTENTION_IDS:
+        raise ValueError(f"'attention' must be one of "
+                         f"{tuple(ATTENTION_IDS)} (got {attention!r})")
     if value.dtype == torch.float64:  # no fp64 kernels: the exact reference
         from pyg_dfgnn.ops.reference import fused_attention_reference
-        return fused_attention_reference(graph, kind, value, query, key, att,
-                                         scale, negative_slope)[0]
+        out, alpha = fused_attention_reference(
+            graph, kind, value, query, key, att, scale, negative_slope,
+            edge_score, edge_key, edge_value, dropout, dropout > 0,
+            attention_dropped=attention != 'before_dropout')
+        if attention is None:
+            return out
+        if attention_perm is not None:
+            alpha = torch.empty_like(alpha).index_copy_(
+                0, attention_perm.to(torch.int64), alpha)
+        return out, alpha
     if not _registered and not available():
         raise RuntimeError('pyg_dfgnn CUDA kernels are not available')
-    backward = torch.is_grad_enabled() and (
-        value.requires_grad or query.requires_grad or key.requires_grad
-        or (att is not None and att.requires_grad))
+    backward = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad
+        for t in (value, query, key, att, edge_score, edge_key, edge_value))
     plan = _plan(graph, kind, query, value, strategy, backward)
     colptr = csc_row = csc_perm = None
     if backward:
@@ -219,6 +266,9 @@ def fused_attention_cuda(graph, kind: str, value: Tensor, query: Tensor,
     # (which does not read the output), so in-place edits of the result
     # (`h.relu_()` on a conv's output view) are legal as with PyG's unfused
     # chain (kernels/autograd.cpp).
-    return _op(graph.rowptr, graph.col, colptr, csc_row, csc_perm,
-               KIND_IDS[kind], query, key, value, att, float(scale),
-               float(negative_slope), *plan)[0]
+    out, _, alpha = _op(graph.rowptr, graph.col, colptr, csc_row, csc_perm,
+                        KIND_IDS[kind], query, key, value, att, float(scale),
+                        float(negative_slope), *plan, edge_score, edge_key,
+                        edge_value, float(dropout), ATTENTION_IDS[attention],
+                        attention_perm)
+    return out if attention is None else (out, alpha)

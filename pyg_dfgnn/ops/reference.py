@@ -67,17 +67,25 @@ def fused_attention_reference(
     edge_value: Optional[Tensor] = None,
     dropout: float = 0.0,
     training: bool = False,
+    attention_dropped: bool = True,
+    dropout_mask: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
-    """Returns ``(out [N_dst, H, F], alpha [E, H])``, alpha in CSR order
-    (after dropout, as PyG returns it)."""
+    """Returns ``(out [N_dst, H, F], alpha [E, H])``, alpha in CSR order,
+    after dropout (GATConv's convention) or, with ``attention_dropped=False``,
+    before it (TransformerConv's). ``dropout_mask`` [E, H] (bool, kept
+    edges) replaces the random mask: the tests give the kernels' own."""
     s = edge_scores(graph, kind, query, key, att, scale, negative_slope,
                     edge_score, edge_key)
     alpha = edge_softmax(graph, s)
-    alpha = F.dropout(alpha, p=dropout, training=training)
+    weights = alpha
+    if dropout_mask is not None:
+        weights = alpha * dropout_mask.to(alpha.dtype) / (1.0 - dropout)
+    else:
+        weights = F.dropout(alpha, p=dropout, training=training)
     msg = value.index_select(0, graph.col.to(torch.int64))
     if edge_value is not None:
         msg = msg + edge_value
-    msg = msg * alpha.unsqueeze(-1)
+    msg = msg * weights.unsqueeze(-1)
     out = value.new_zeros((graph.num_dst, ) + tuple(value.shape[1:]))
     out = out.index_add(0, graph.row, msg)
-    return out, alpha
+    return out, weights if attention_dropped else alpha

@@ -269,7 +269,8 @@ class DFGATConv(MessagePassing):
             structure.graph, 'add', x_src, alpha_dst, alpha_src,
             negative_slope=self.negative_slope, edge_score=edge_score,
             dropout=self.dropout, training=self.training,
-            return_attention=bool(return_attention_weights))
+            return_attention=bool(return_attention_weights),
+            attention_perm=structure.graph.perm)
         out, alpha = result if return_attention_weights else (result, None)
 
         if self.concat:

@@ -251,7 +251,8 @@ class DFGATv2Conv(MessagePassing):
             structure.graph, 'gatv2', x_l, x_r, x_l, att,
             negative_slope=self.negative_slope, edge_key=edge_key,
             dropout=self.dropout, training=self.training,
-            return_attention=bool(return_attention_weights))
+            return_attention=bool(return_attention_weights),
+            attention_perm=structure.graph.perm)
         out, alpha = result if return_attention_weights else (result, None)
 
         if self.concat:

@@ -216,21 +216,16 @@ class DFTransformerConv(MessagePassing):
         value, query, key, edge_feat = cast(dtype, value, query, key,
                                             edge_feat)
         want_alpha = isinstance(return_attention_weights, bool)
-        # PyG returns the weights before dropout: with active dropout they
-        # come from a second, dropout-free evaluation.
-        dropping = self.training and self.dropout > 0.0
+        # PyG returns the weights before dropout; the one edge tensor is
+        # both the key and the value term (one gradient in the kernels).
         result = fused_attention(
             structure.graph, 'dot', value, query, key,
             scale=1.0 / math.sqrt(C), edge_key=edge_feat,
             edge_value=edge_feat, dropout=self.dropout,
-            training=self.training,
-            return_attention=want_alpha and not dropping)
-        out, alpha = result if want_alpha and not dropping else (result, None)
-        if want_alpha and dropping:
-            _, alpha = fused_attention(
-                structure.graph, 'dot', value, query, key,
-                scale=1.0 / math.sqrt(C), edge_key=edge_feat,
-                return_attention=True)
+            training=self.training, return_attention=want_alpha,
+            attention_after_dropout=False,
+            attention_perm=structure.graph.perm)
+        out, alpha = result if want_alpha else (result, None)
 
         if self.concat:
             out = out.reshape(-1, H * C)

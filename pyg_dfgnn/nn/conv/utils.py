@@ -402,12 +402,13 @@ def attention_weights(structure: EdgeStructure, adj: Any, alpha: Tensor,
     Args:
         structure: the structure the forward ran on.
         adj: the user's adjacency.
-        alpha (Tensor): attention weights [E, H] in CSR order.
+        alpha (Tensor): attention weights [E, H] in PyG's edge order (the
+            fused op writes them there given ``attention_perm=
+            structure.graph.perm``).
         sparse_values (bool): torch.sparse input gives ``(adj with values
             alpha, alpha)`` (GAT, GATv2) instead of ``(adj, alpha)``
             (TransformerConv).
     """
-    alpha = structure.to_user_order(alpha)
     held = structure.returned_adjacency(adj)
     if is_sparse_tensor(held):
         return held.set_value(alpha, layout='coo')

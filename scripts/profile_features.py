@@ -1,0 +1,56 @@
+"""Where a training step of the feature rows spends its GPU time.
+
+    python scripts/profile_features.py [row ...]   (rows of
+    benchmarks/training_features.py; default: the plain and edge rows)
+
+Builds our conv of each row on the benchmark's graph and prints the CUDA
+kernels of five training steps (torch.profiler), heaviest first.
+"""
+import sys
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / 'benchmarks'))
+import training_features as tf  # noqa: E402
+
+
+def main(rows) -> None:
+    dev = torch.device('cuda')
+    edge_index, n = tf.make_graph(dev)
+    for name in rows:
+        cfg = tf.BY_NAME[name]
+        _, ours = tf.build_pair(cfg, dev, 0)
+        x = torch.randn(n, tf.IN_CHANNELS, device=dev, requires_grad=True)
+        ea = None if not cfg.edge_dim else torch.randn(
+            edge_index.size(1), cfg.edge_dim, device=dev, requires_grad=True)
+        inputs = dict(x=x, edge_index=edge_index, edge_attr=ea,
+                      leaves=[t for t in (x, ea) if t is not None])
+        step = tf.Step(cfg, inputs, None)
+        with torch.no_grad():
+            inputs['grad'] = torch.randn_like(step.forward(ours))
+        run = step(ours)
+        for _ in range(3):
+            run()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                run()
+            torch.cuda.synchronize()
+        print(f'=== {name}: {cfg.describe()}, per step')
+        events = [e for e in prof.key_averages()
+                  if e.device_time_total > 0]
+        events.sort(key=lambda e: -e.device_time_total)
+        total = sum(e.device_time_total for e in events) / 5
+        print(f'{total / 1e3:8.3f} ms total')
+        for e in events[:12]:
+            print(f'{e.device_time_total / 5e3:8.3f} ms {e.count // 5:3d}x '
+                  f'{e.key[:90]}')
+
+
+if __name__ == '__main__':
+    main(sys.argv[1:] or ['gat', 'gat-edge', 'gt', 'gt-edge',
+                          'gatv2-edge-dropout'])

@@ -1,0 +1,56 @@
+"""Training-feature cases for compute-sanitizer (forward and backward).
+
+    compute-sanitizer --tool memcheck  python scripts/sanitize_features.py
+    compute-sanitizer --tool racecheck python scripts/sanitize_features.py
+
+Edge terms of every kind (TransformerConv's shared key-value term too), the
+attention weights with a gradient in a permuted order, and dropout, in SMMF
+(staged batch windows) and PMF (a super node), fp32 and bf16, scalar (F = 17)
+and vector paths. Cases from tests/test_features_cuda.py; exits non-zero if
+one is off.
+"""
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / 'tests'))
+spec = importlib.util.spec_from_file_location(
+    'test_features_cuda', ROOT / 'tests' / 'test_features_cuda.py')
+tf = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tf)
+
+CASES = [  # kind, edge terms, dtype, strategy, graph
+    ('add', 'es+ev', torch.float32, 'smmf', 'batch'),
+    ('add', 'es', torch.bfloat16, 'pmf', 'super'),
+    ('dot', 'kv', torch.float32, 'smmf', 'batch'),
+    ('dot', 'ek+ev', torch.bfloat16, 'pmf', 'super'),
+    ('gatv2', 'ek+ev', torch.float32, 'pmf', 'uniform'),
+    ('gatv2', 'ek', torch.bfloat16, 'smmf', 'batch'),
+]
+DROPOUT = [('add', 'smmf', torch.float32), ('dot', 'pmf', torch.bfloat16),
+           ('gatv2', 'smmf', torch.float32)]
+
+
+def main() -> int:
+    failed = 0
+    runs = [(tf.test_edge_terms_and_weights, c[:4] + (c[4], ), ' '.join(
+        map(str, c))) for c in CASES] + [
+            (tf.test_dropout_uses_one_mask_forward_and_backward, c,
+             'dropout ' + ' '.join(map(str, c))) for c in DROPOUT]
+    for fn, args, name in runs:
+        try:
+            fn(*args)
+            print('ok  ', name, flush=True)
+        except AssertionError as e:
+            failed += 1
+            print('FAIL', name, e, flush=True)
+    torch.cuda.synchronize()
+    return 1 if failed else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

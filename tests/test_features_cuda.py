@@ -1,0 +1,262 @@
+"""The fused kernels' training features against the reference (GPU only):
+edge terms (score / key / value, TransformerConv's shared key-value term),
+attention weights (before / after dropout, in a given edge order, with their
+own gradient) and attention dropout (keep rate, the backward's regenerated
+mask, seeding, CUDA graph replays), in both strategies and every dtype.
+
+The reference runs in float64 on the same (rounded) inputs; a dropout case
+takes the kernels' own mask (read off the weights they return after dropout)
+so that outputs and gradients are compared exactly.
+"""
+import math
+import random
+import zlib
+
+import pytest
+import torch
+
+from pyg_dfgnn.graph import DFGraph
+from pyg_dfgnn.ops.reference import fused_attention_reference
+from test_kernels_cuda import poison_allocator, random_graph, rel_err
+
+pytestmark = pytest.mark.cuda
+
+TOL_OUT = {torch.float32: 2e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+TOL_GRAD = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 2e-2}
+# kind -> the edge terms of a case: es (score), ek (key), ev (value), kv (one
+# tensor as key and value: TransformerConv)
+EDGE_TERMS = {'add': ('es', 'es+ev'), 'dot': ('ek', 'ev', 'kv', 'ek+ev'),
+              'gatv2': ('ek', 'ek+ev')}
+
+
+def _cuda():
+    from pyg_dfgnn.ops import cuda
+    if not torch.cuda.is_available() or not cuda.available():
+        pytest.skip('CUDA kernels unavailable')
+    return cuda
+
+
+def make_case(kind, terms, graph, heads, d, f, dtype, gen):
+    def rnd(*shape, s=1.0):
+        x = torch.randn(*shape, generator=gen) * s
+        return x.to('cuda', dtype).requires_grad_()
+
+    n_src, n_dst, e = graph.num_src, graph.num_dst, graph.num_edges
+    t = dict(value=rnd(n_src, heads, f))
+    if kind == 'add':
+        t['query'], t['key'] = rnd(n_dst, heads), rnd(n_src, heads)
+    else:
+        t['query'], t['key'] = rnd(n_dst, heads, d), rnd(n_src, heads, d)
+        if kind == 'gatv2':
+            t['att'] = rnd(heads, d, s=d**-0.5)
+    parts = terms.split('+')
+    if 'es' in parts:
+        t['edge_score'] = rnd(e, heads)
+    if 'ek' in parts:
+        t['edge_key'] = rnd(e, heads, d)
+    if 'ev' in parts:
+        t['edge_value'] = rnd(e, heads, f)
+    if 'kv' in parts:
+        t['edge_key'] = t['edge_value'] = rnd(e, heads, d)
+    return t
+
+
+def fused(cuda, graph, kind, t, strategy, dropout=0.0, attention=None,
+          perm=None):
+    return cuda.fused_attention_cuda(
+        graph, kind, t['value'], t['query'], t['key'], t.get('att'), 0.7,
+        0.2, strategy, edge_score=t.get('edge_score'),
+        edge_key=t.get('edge_key'), edge_value=t.get('edge_value'),
+        dropout=dropout, attention=attention, attention_perm=perm)
+
+
+def reference(graph, kind, t, dropout=0.0, mask=None, dropped=True):
+    t64 = {k: v.detach().double().requires_grad_() for k, v in t.items()}
+    if t.get('edge_key') is not None and t.get('edge_key') is \
+            t.get('edge_value'):
+        t64['edge_value'] = t64['edge_key']
+    out, alpha = fused_attention_reference(
+        graph, kind, t64['value'], t64['query'], t64['key'], t64.get('att'),
+        0.7, 0.2, t64.get('edge_score'), t64.get('edge_key'),
+        t64.get('edge_value'), dropout, mask is not None,
+        attention_dropped=dropped, dropout_mask=mask)
+    return out, alpha, t64
+
+
+def grads_of(loss, tensors):
+    names = [k for k in tensors if not (k == 'edge_value' and tensors.get(
+        'edge_key') is tensors['edge_value'])]
+    gs = torch.autograd.grad(loss, [tensors[k] for k in names],
+                             allow_unused=True)
+    return {k: (torch.zeros_like(tensors[k]) if g is None else g)
+            for k, g in zip(names, gs)}
+
+
+def check_case(cuda, graph, kind, t, strategy, dtype, dropout=0.0,
+               dropped=True, gen=None):
+    """Fused out / alpha / all gradients vs float64 reference; returns the
+    kernels' keep mask (CSR order) when dropout > 0."""
+    e, heads = graph.num_edges, t['value'].shape[1]
+    perm = torch.randperm(e, generator=gen).cuda()
+    attention = 'after_dropout' if dropped else 'before_dropout'
+    poison_allocator()
+    out, alpha = fused(cuda, graph, kind, t, strategy, dropout, attention,
+                       perm)
+    assert torch.isfinite(out).all() and torch.isfinite(alpha).all()
+    alpha_csr = alpha.index_select(0, perm)
+    mask = None
+    if dropout > 0:
+        if dropped:
+            mask = alpha_csr != 0
+        else:  # the weights before dropout do not show the mask
+            raise ValueError('dropout cases return the dropped weights')
+    ref_out, ref_alpha, t64 = reference(graph, kind, t, dropout, mask,
+                                        dropped)
+    assert rel_err(out, ref_out) <= TOL_OUT[dtype]
+    assert rel_err(alpha_csr, ref_alpha) <= TOL_OUT[dtype]
+    g_out = torch.randn(out.shape, generator=gen).to(out)
+    g_alpha = torch.randn(alpha.shape, generator=gen).to(alpha)
+    got = grads_of((out * g_out).sum() + (alpha * g_alpha).sum(), t)
+    ref = grads_of((ref_out * g_out.double()).sum() + (
+        ref_alpha * g_alpha.index_select(0, perm).double()).sum(), t64)
+    for name, g in got.items():
+        assert torch.isfinite(g).all(), name
+        err = rel_err(g, ref[name])
+        assert err <= TOL_GRAD[dtype], f'{name}: rel. err {err:.2e}'
+    return mask
+
+
+CASES = []
+for kind, terms_list in EDGE_TERMS.items():
+    for terms in terms_list:
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            for strategy in ('smmf', 'pmf'):
+                CASES.append((kind, terms, dtype, strategy))
+
+
+@pytest.mark.parametrize('kind,terms,dtype,strategy', CASES)
+@pytest.mark.parametrize('graph_kind', ['uniform', 'batch', 'super',
+                                        'isolated', 'empty'])
+def test_edge_terms_and_weights(kind, terms, dtype, strategy, graph_kind):
+    cuda = _cuda()
+    seed = zlib.crc32(f'{kind}{terms}{dtype}{strategy}{graph_kind}'.encode())
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    ei, size = random_graph(graph_kind, rng)
+    graph = DFGraph.from_edge_index(ei.cuda(), size=size)
+    heads = rng.choice((1, 3, 4))
+    f = rng.choice((3, 8, 17, 32))
+    d = f if kind == 'gatv2' or 'kv' in terms else rng.choice((8, 17, 32))
+    t = make_case(kind, terms, graph, heads, d, f, dtype, gen)
+    check_case(cuda, graph, kind, t, strategy, dtype,
+               dropped=rng.random() < 0.5, gen=gen)
+
+
+@pytest.mark.parametrize('kind', ['add', 'dot', 'gatv2'])
+@pytest.mark.parametrize('strategy', ['smmf', 'pmf'])
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
+def test_dropout_uses_one_mask_forward_and_backward(kind, strategy, dtype):
+    """Out and every gradient equal the reference run with the mask the
+    forward drew (read off its returned weights): the backward regenerated
+    the same mask. Edge terms on, graph with a super node."""
+    cuda = _cuda()
+    gen = torch.Generator().manual_seed(7)
+    ei, size = random_graph('super', random.Random(3))
+    graph = DFGraph.from_edge_index(ei.cuda(), size=size)
+    terms = EDGE_TERMS[kind][-1]
+    t = make_case(kind, terms, graph, 2, 16, 16, dtype, gen)
+    torch.manual_seed(0)
+    mask = check_case(cuda, graph, kind, t, strategy, dtype, dropout=0.4,
+                      gen=gen)
+    assert 0 < mask.float().mean() < 1
+
+
+def test_dropout_keep_rate_per_head():
+    cuda = _cuda()
+    n, deg, heads, p = 4000, 12, 4, 0.3
+    src = torch.randint(0, n, (n * deg, ))
+    dst = torch.arange(n).repeat_interleave(deg)
+    graph = DFGraph.from_edge_index(torch.stack([src, dst]).cuda(),
+                                    size=(n, n))
+    gen = torch.Generator().manual_seed(1)
+    t = make_case('add', 'es', graph, heads, 1, 8, torch.float32, gen)
+    with torch.no_grad():
+        _, alpha = fused(cuda, graph, 'add', t, None, p, 'after_dropout')
+    e = graph.num_edges
+    sigma = math.sqrt(p * (1 - p) / e)
+    kept = (alpha != 0).float().mean(0)
+    assert ((kept - (1 - p)).abs() <= 3 * sigma).all(), kept.tolist()
+    # kept weights are scaled by 1 / (1 - p)
+    _, plain = fused(cuda, graph, 'add', t, None, 0.0, 'after_dropout')
+    keep = alpha != 0
+    assert torch.allclose(alpha[keep], plain.detach()[keep] / (1 - p),
+                          rtol=1e-5, atol=1e-7)
+
+
+def test_dropout_seeding_and_strategies():
+    """torch.manual_seed reproduces a run (outputs and gradients), another
+    seed draws another mask, SMMF and PMF draw the same mask."""
+    cuda = _cuda()
+    ei, size = random_graph('batch', random.Random(5))
+    graph = DFGraph.from_edge_index(ei.cuda(), size=size)
+    gen = torch.Generator().manual_seed(2)
+    t = make_case('dot', 'kv', graph, 2, 16, 16, torch.float32, gen)
+
+    def run(seed, strategy='smmf'):
+        torch.manual_seed(seed)
+        out, alpha = fused(cuda, graph, 'dot', t, strategy, 0.5,
+                           'after_dropout')
+        g = torch.autograd.grad(out.square().sum(), [t['query'],
+                                                     t['edge_key']])
+        return alpha.detach(), out.detach(), g
+
+    a1, o1, g1 = run(11)
+    a2, o2, g2 = run(11)
+    a3, _, _ = run(12)
+    a4, o4, _ = run(11, 'pmf')
+    assert torch.equal(a1, a2) and torch.equal(o1, o2)
+    assert all(torch.equal(x, y) for x, y in zip(g1, g2))
+    assert not torch.equal(a1 != 0, a3 != 0)
+    assert torch.equal(a1 != 0, a4 != 0)
+    assert rel_err(o4, o1) <= 1e-5
+
+
+def test_dropout_under_cuda_graph_replay():
+    """A captured forward draws a new mask at each replay (the generator's
+    graph-safe offset), and each replay's output matches its own mask."""
+    cuda = _cuda()
+    ei, size = random_graph('uniform', random.Random(9))
+    graph = DFGraph.from_edge_index(ei.cuda(), size=size)
+    gen = torch.Generator().manual_seed(3)
+    t = make_case('add', 'es', graph, 2, 1, 8, torch.float32, gen)
+    t = {k: v.detach() for k, v in t.items()}
+    fused(cuda, graph, 'add', t, None, 0.5, 'after_dropout')  # warm up
+    torch.cuda.synchronize()
+    cg = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(cg):
+        out, alpha = fused(cuda, graph, 'add', t, None, 0.5,
+                           'after_dropout')
+    masks = []
+    for _ in range(2):
+        cg.replay()
+        torch.cuda.synchronize()
+        mask = alpha != 0
+        ref, _, _ = reference(graph, 'add', t, 0.5, mask)
+        assert rel_err(out, ref) <= TOL_OUT[torch.float32]
+        masks.append(mask.clone())
+    assert not torch.equal(masks[0], masks[1])
+
+
+def test_weights_only_gradient():
+    """A loss of the returned weights alone (the output unused)."""
+    cuda = _cuda()
+    ei, size = random_graph('uniform', random.Random(4))
+    graph = DFGraph.from_edge_index(ei.cuda(), size=size)
+    gen = torch.Generator().manual_seed(4)
+    t = make_case('gatv2', 'ek', graph, 3, 8, 8, torch.float32, gen)
+    _, alpha = fused(cuda, graph, 'gatv2', t, None, 0.0, 'before_dropout')
+    got = grads_of(alpha.square().sum(), t)
+    _, ref_alpha, t64 = reference(graph, 'gatv2', t, dropped=False)
+    ref = grads_of(ref_alpha.square().sum(), t64)
+    for name, g in got.items():
+        assert rel_err(g, ref[name]) <= 1e-4, name
