@@ -18,6 +18,9 @@ sys.path.insert(0, str(ROOT / 'benchmarks'))
 import training_features as tf  # noqa: E402
 
 
+SHAPES = False  # --shapes: aten ops with input shapes and callers
+
+
 def main(rows) -> None:
     dev = torch.device('cuda')
     edge_index, n = tf.make_graph(dev)
@@ -36,7 +39,10 @@ def main(rows) -> None:
         for _ in range(3):
             run()
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        acts = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU]
+                                          if SHAPES else [])
+        with profile(activities=acts, record_shapes=SHAPES,
+                     with_stack=SHAPES) as prof:
             for _ in range(5):
                 run()
             torch.cuda.synchronize()
@@ -49,8 +55,17 @@ def main(rows) -> None:
         for e in events[:12]:
             print(f'{e.device_time_total / 5e3:8.3f} ms {e.count // 5:3d}x '
                   f'{e.key[:90]}')
+        if SHAPES:  # the aten ops behind the gathers / scatters, by caller
+            ops = prof.key_averages(group_by_input_shape=True,
+                                    group_by_stack_n=4)
+            for e in sorted(ops, key=lambda e: -e.device_time_total)[:8]:
+                if e.key.startswith('aten::'):
+                    print(f'  {e.device_time_total / 5e3:8.3f} ms {e.key} '
+                          f'{e.input_shapes} {e.stack[:4]}')
 
 
 if __name__ == '__main__':
-    main(sys.argv[1:] or ['gat', 'gat-edge', 'gt', 'gt-edge',
+    args = [a for a in sys.argv[1:] if a != '--shapes']
+    SHAPES = len(args) < len(sys.argv) - 1
+    main(args or ['gat', 'gat-edge', 'gt', 'gt-edge',
                           'gatv2-edge-dropout'])
