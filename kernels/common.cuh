@@ -254,6 +254,22 @@ struct DropoutMask {
   }
 };
 
+// The mask in kernels instantiated with or without the training features
+// (FEAT = false compiles the plain path without them: no cost at all).
+template <bool FEAT>
+__device__ __forceinline__ void drop_begin(const DropoutMask& d,
+                                           uint64_t& seed, uint64_t& offset) {
+  seed = offset = 0;
+  if constexpr (FEAT) d.begin(seed, offset);
+}
+template <bool FEAT>
+__device__ __forceinline__ float drop_factor(const DropoutMask& d,
+                                             uint64_t seed, uint64_t offset,
+                                             int64_t e, int h) {
+  if constexpr (FEAT) return d.factor(seed, offset, e, h);
+  return 1.f;
+}
+
 // Host: the mask of drop probability p (inactive for p = 0); the backward
 // passes the forward's saved [seed, offset].
 inline DropoutMask dropout_mask(double p, const int64_t* saved = nullptr) {

@@ -215,7 +215,8 @@ __device__ __forceinline__ void for_chunk_vectors(int n, int slots, int c0,
 // ============================================================ rows pass
 // Owners = destination rows [r_begin, r_end) taken from `next`; K / V rows
 // of source j at kb + (j - lo) * HD_k, vb + (j - lo) * HF.
-template <typename T, typename I, int KIND, int VW, int SLOTS, typename OFF>
+template <typename T, typename I, int KIND, int VW, int SLOTS, typename OFF,
+          bool FEAT>
 __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
                                           const WarpScratch& w, int* next,
                                           int64_t r_begin, int64_t r_end,
@@ -238,7 +239,7 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
   const int n_pass = slots > 0 ? (slots + group * SLOTS - 1) / (group * SLOTS)
                                : 1;
   uint64_t seed, offset;
-  a.drop.begin(seed, offset);
+  drop_begin<FEAT>(a.drop, seed, offset);
 
   for (;;) {
     int r = 0;
@@ -304,12 +305,12 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
                 ps[u] = score_part<KIND, T, VW>(
                     w.own + h * D, kb + jr * HD_k + h * D, att + h * D, D,
                     lg * VW, G * VW, a.slope,
-                    a.et.ek != nullptr ? a.et.ek + (cb + e) * HD_k + h * D
+                    (FEAT && a.et.ek != nullptr) ? a.et.ek + (cb + e) * HD_k + h * D
                                        : nullptr);
               pd[u] = score_part<kDot, T, VW>(
                   w.own2 + h * F, vb + jr * HF + h * F, nullptr, F, lg * VW,
                   G * VW, 0.f,
-                  a.et.ev != nullptr ? a.et.ev + (cb + e) * HF + h * F
+                  (FEAT && a.et.ev != nullptr) ? a.et.ev + (cb + e) * HF + h * F
                                      : nullptr);
             }
           }
@@ -323,7 +324,7 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
               if constexpr (KIND == kDot) sc = sp * a.scale;
               if constexpr (KIND == kAdd) {
                 float z = w.own[h] + to_float(kb[(OFF)w.j[e] * H + h]);
-                if (a.et.es != nullptr)
+                if ((FEAT && a.et.es != nullptr))
                   z += to_float(a.et.es[(cb + e) * H + h]);
                 sc = leaky_relu(z, a.slope);
                 gz = leaky_relu_grad(z, a.slope);
@@ -331,9 +332,9 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
               const float p = expf(sc - lse_h[h]);
               // out_i = sum_j f p_ij (v_j + ev_ij): dL/dp_ij = f dp_ij
               // (+ the returned weights' own gradient)
-              const float f = a.drop.factor(seed, offset, cb + e, h);
+              const float f = drop_factor<FEAT>(a.drop, seed, offset, cb + e, h);
               float dpe = f * dp;
-              if (a.galpha != nullptr) {
+              if ((FEAT && a.galpha != nullptr)) {
                 const int64_t ea = a.aperm != nullptr
                                        ? (int64_t)a.aperm[cb + e] : cb + e;
                 dpe = fmaf(to_float(a.galpha[ea * H + h]),
@@ -372,7 +373,7 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
                 float x[VW];  // k_j + ek_ij
 #pragma unroll
                 for (int i = 0; i < VW; ++i) x[i] = xk[i];
-                if (a.et.ek != nullptr)
+                if ((FEAT && a.et.ek != nullptr))
                   add_vec<T, VW>(a.et.ek + (cb + e) * HD_k + sl * VW, x);
                 if constexpr (KIND == kDot) {
 #pragma unroll
@@ -445,7 +446,8 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
 // ============================================================ cols pass
 // Owners = source nodes [c_begin, c_end); Q / dO rows and D of destination
 // i at qb + (i - lo) * HD_k, ob + (i - lo) * HF, db + (i - lo) * H.
-template <typename T, typename I, int KIND, int VW, int SLOTS, typename OFF>
+template <typename T, typename I, int KIND, int VW, int SLOTS, typename OFF,
+          bool FEAT>
 __device__ __forceinline__ void cols_pass(const BwdArgs<T, I>& a,
                                           const WarpScratch& w, int* next,
                                           int64_t c_begin, int64_t c_end,
@@ -508,22 +510,22 @@ __device__ __forceinline__ void cols_pass(const BwdArgs<T, I>& a,
         // (gatv2 always: the branch costs it registers)
         // (and in every pass for the shared edge gradient's dV slots)
         const bool need_ds = KIND == kAdd   ? pass == 0
-                             : KIND == kDot ? c0 < slots_k || a.ekv_shared
+                             : KIND == kDot ? c0 < slots_k || (FEAT && a.ekv_shared)
                                             : true;
         for (int it = lane; it < n * H; it += kWarpSize) {
           const int e = (int)(((unsigned)it * h_magic) >> 20), h = it - e * H;
           const float2 pt = a.ebuf[w.e[e] * H + h];
           const float p = fabsf(pt.x);
           // dV takes the dropped p' = f p (sign bit: dropped, see rows)
-          w.p[h * C + e] = signbit(pt.x) ? 0.f : p * keep_scale;
+          w.p[h * C + e] = !FEAT ? p : signbit(pt.x) ? 0.f : p * keep_scale;
           if (!need_ds) continue;
           const OFF ir = (OFF)w.j[e];
           float ds = pt.y - p * db[ir * H + h];
           if constexpr (KIND == kAdd) {
             float z = w.own[h] + to_float(qb[ir * H + h]);
-            if (a.et.es != nullptr) z += to_float(a.et.es[w.e[e] * H + h]);
+            if ((FEAT && a.et.es != nullptr)) z += to_float(a.et.es[w.e[e] * H + h]);
             ds *= leaky_relu_grad(z, a.slope);
-            if (a.g_es != nullptr) a.g_es[w.e[e] * H + h] = from_float<T>(ds);
+            if ((FEAT && a.g_es != nullptr)) a.g_es[w.e[e] * H + h] = from_float<T>(ds);
           }
           w.t[h * C + e] = ds;
         }
@@ -558,7 +560,7 @@ __device__ __forceinline__ void cols_pass(const BwdArgs<T, I>& a,
                   float kx[VW], ax[VW];
                   load_smem<VW>(w.own + sl * VW, kx);
                   load_smem<VW>(att + sl * VW, ax);
-                  if (a.et.ek != nullptr)
+                  if ((FEAT && a.et.ek != nullptr))
                     add_vec<T, VW>(a.et.ek + ecsr * HD_k + sl * VW, kx);
 #pragma unroll
                   for (int i = 0; i < VW; ++i) {
@@ -569,14 +571,14 @@ __device__ __forceinline__ void cols_pass(const BwdArgs<T, I>& a,
                   }
                 }
                 if constexpr (KIND != kAdd)
-                  if (a.g_ek != nullptr && !a.ekv_shared)
+                  if ((FEAT && a.g_ek != nullptr) && !a.ekv_shared)
                     store_vec<T, VW>(a.g_ek + ecsr * HD_k + sl * VW, ge);
               } else {
                 const float p = w.p[hs[s] * C + e];
                 const int sv = sl - slots_k;
 #pragma unroll
                 for (int i = 0; i < VW; ++i) acc[s][i] = fmaf(p, x[i], acc[s][i]);
-                if (a.g_ev != nullptr) {
+                if ((FEAT && a.g_ev != nullptr)) {
                   float gv[VW];  // p' dO_i (+ scale ds q_i when ek = ev)
 #pragma unroll
                   for (int i = 0; i < VW; ++i) gv[i] = p * x[i];
@@ -638,7 +640,7 @@ __device__ __forceinline__ void cols_pass(const BwdArgs<T, I>& a,
 // or kPlainOwners consecutive owners. With stage_span > 0 a window whose
 // neighbours [lo, hi] number <= stage_span has their rows staged in shared
 // memory once (reused by every edge of the window).
-template <typename T, typename I, int KIND, bool VEC, bool COLS>
+template <typename T, typename I, int KIND, bool VEC, bool COLS, bool FEAT>
 __global__ void __launch_bounds__(kMaxThreads)
     bwd_kernel(BwdArgs<T, I> a, const int64_t* __restrict__ windows,
                int stage_span) {
@@ -725,10 +727,10 @@ __global__ void __launch_bounds__(kMaxThreads)
 
   if constexpr (COLS) {
     if (staged)
-      cols_pass<T, I, KIND, VW, SLOTS, int>(a, w, s_next, o_begin, o_end, s_a,
+      cols_pass<T, I, KIND, VW, SLOTS, int, FEAT>(a, w, s_next, o_begin, o_end, s_a,
                                             s_b, s_r, src_lo, s_att);
     else
-      cols_pass<T, I, KIND, VW, SLOTS, int64_t>(a, w, s_next, o_begin, o_end,
+      cols_pass<T, I, KIND, VW, SLOTS, int64_t, FEAT>(a, w, s_next, o_begin, o_end,
                                                 a.nbr_a, a.nbr_b, a.drow, 0,
                                                 s_att);
     if constexpr (KIND == kGatv2) {
@@ -744,10 +746,10 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
   } else {
     if (staged)
-      rows_pass<T, I, KIND, VW, SLOTS, int>(a, w, s_next, o_begin, o_end, s_a,
+      rows_pass<T, I, KIND, VW, SLOTS, int, FEAT>(a, w, s_next, o_begin, o_end, s_a,
                                             s_b, src_lo, s_att);
     else
-      rows_pass<T, I, KIND, VW, SLOTS, int64_t>(a, w, s_next, o_begin, o_end,
+      rows_pass<T, I, KIND, VW, SLOTS, int64_t, FEAT>(a, w, s_next, o_begin, o_end,
                                                 a.nbr_a, a.nbr_b, 0, s_att);
   }
 }
@@ -821,12 +823,12 @@ namespace detail {
 
 // One pass's launch: staged windows when given (and the layout fits), else
 // plain blocks; warps halved while the per-warp scratch does not fit.
-template <typename T, typename I, int KIND, bool VEC, bool COLS>
+template <typename T, typename I, int KIND, bool VEC, bool COLS, bool FEAT>
 void launch(const BwdArgs<T, I>& args, const at::Tensor& ptr,
             int64_t n_edges, int64_t max_degree, const at::Tensor& windows,
             int64_t stage_nodes, int optin, at::Tensor* att_part,
             const at::TensorOptions& fopt) {
-  auto kernel = bwd_kernel<T, I, KIND, VEC, COLS>;
+  auto kernel = bwd_kernel<T, I, KIND, VEC, COLS, FEAT>;
   const int H = args.H, D = args.D;
   const int HD_k = KIND == kAdd ? H : H * D, HF = H * args.F;
   const int HD_att = KIND == kGatv2 ? H * D : 0;
@@ -911,7 +913,7 @@ void launch(const BwdArgs<T, I>& args, const at::Tensor& ptr,
   }
 }
 
-template <typename T, typename I, int KIND, bool VEC>
+template <typename T, typename I, int KIND, bool VEC, bool FEAT>
 void run_passes(Args& A, int optin) {
   const int64_t n_dst = A.rowptr.size(0) - 1, n_src = A.colptr.size(0) - 1;
   const int64_t E = A.col.numel();
@@ -956,7 +958,7 @@ void run_passes(Args& A, int optin) {
   r.galpha_dropped = A.alpha_dropped;
   r.n_owner = n_dst;
   r.group = std::min(32, next_pow2(std::max(1, slots_k)));
-  launch<T, I, KIND, VEC, false>(r, A.rowptr, E, A.max_in_degree, A.windows,
+  launch<T, I, KIND, VEC, false, FEAT>(r, A.rowptr, E, A.max_in_degree, A.windows,
                                  A.stage_nodes, optin, nullptr, fopt);
   // cols pass: grad_key, grad_value, d att partials
   BwdArgs<T, I> c = a;
@@ -975,7 +977,7 @@ void run_passes(Args& A, int optin) {
   c.n_owner = n_src;
   c.group = std::min(32, next_pow2(slots_k + slots_v));
   at::Tensor att_part;
-  launch<T, I, KIND, VEC, true>(c, A.colptr, E, A.max_out_degree,
+  launch<T, I, KIND, VEC, true, FEAT>(c, A.colptr, E, A.max_out_degree,
                                 A.col_windows, A.col_stage_nodes, optin,
                                 KIND == kGatv2 ? &att_part : nullptr, fopt);
   if (KIND == kGatv2) A.grad_att.copy_(att_part.sum(0).view({H, D}));
@@ -1004,7 +1006,12 @@ template <typename T> void run_bwd(Args& A) {
   PYG_DFGNN_DISPATCH_INDEX(A.col.scalar_type(), "fused_attention_bwd", [&] {
     PYG_DFGNN_DISPATCH_KIND(A.kind, [&] {
       PYG_DFGNN_DISPATCH_BOOL(vec, VEC, [&] {
-        detail::run_passes<T, index_t, KIND, VEC>(A, optin);
+        const bool feat = A.edge_score.defined() || A.edge_key.defined() ||
+                          A.edge_value.defined() ||
+                          A.grad_alpha.defined() || A.drop.active;
+        PYG_DFGNN_DISPATCH_BOOL(feat, FEAT, [&] {
+          detail::run_passes<T, index_t, KIND, VEC, FEAT>(A, optin);
+        });
       });
     });
   });

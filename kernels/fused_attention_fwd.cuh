@@ -193,7 +193,7 @@ struct SmmfWarp {
 // SDDMM -> online softmax -> SpMM. K / V rows of source j are at
 // kb + (j - lo) * HD_k and vb + (j - lo) * H*F: shared memory for a staged
 // window (OFF = int), global memory otherwise (OFF = int64_t, lo = 0).
-template <typename T, int KIND, int VW, int SLOTS, typename OFF>
+template <typename T, int KIND, int VW, int SLOTS, typename OFF, bool FEAT>
 __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
                                           const SmmfWarp& w, int* next,
                                           int64_t r_begin, int64_t r_end,
@@ -215,7 +215,7 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
   auto v_row = [&](int e) -> const T* { return vb + (OFF)w.j[e] * HF; };
   auto get_p = [&](int e, int h) -> float { return w.p[h * C + e]; };
   uint64_t seed, offset;
-  a.drop.begin(seed, offset);
+  drop_begin<FEAT>(a.drop, seed, offset);
 
   for (;;) {
     int r = 0;
@@ -244,13 +244,13 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
         // SDDMM over the chunk's (edge, head) items, two per group in flight
         const int n_items = n * H;
         // raw scores for the attention weights: first feature pass only
-        float* sc_out = c0 == 0 && a.scores != nullptr ? a.scores + cb * H
+        float* sc_out = c0 == 0 && (FEAT && a.scores != nullptr) ? a.scores + cb * H
                                                        : nullptr;
         if constexpr (KIND == kAdd) {
           for (int it = lane; it < n_items; it += kWarpSize) {
             const int e = (int)(((unsigned)it * h_magic) >> 20), h = it - e * H;
             float x = w.q[h] + to_float(kb[(OFF)w.j[e] * H + h]);
-            if (a.et.es != nullptr) x += to_float(a.et.es[(cb + e) * H + h]);
+            if ((FEAT && a.et.es != nullptr)) x += to_float(a.et.es[(cb + e) * H + h]);
             const float sc = leaky_relu(x, a.slope);
             w.p[h * C + e] = sc;
             if (sc_out != nullptr) sc_out[it] = sc;
@@ -272,7 +272,7 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
                 part[u] = score_part<KIND, T, VW>(
                     w.q + h * D, kb + (OFF)w.j[e] * HD_k + h * D, att + h * D,
                     D, lg * VW, G * VW, a.slope,
-                    a.et.ek != nullptr ? a.et.ek + (cb + e) * HD_k + h * D
+                    (FEAT && a.et.ek != nullptr) ? a.et.ek + (cb + e) * HD_k + h * D
                                        : nullptr);
               }
             }
@@ -296,7 +296,7 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
           const float p = lane < n ? expf(sc - m_new) : 0.f;
           // the row sum takes p; the SpMM the dropped p / (1 - drop)
           if (lane < n)
-            w.p[h * C + lane] = p * a.drop.factor(seed, offset, cb + lane, h);
+            w.p[h * C + lane] = p * drop_factor<FEAT>(a.drop, seed, offset, cb + lane, h);
           const float sum = warp_sum(p);
           __syncwarp();
           if (lane == 0) {
@@ -318,7 +318,7 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
         }
         spmm_accumulate<T, VW, SLOTS>(acc, slots, c0, group, ls, sub, 0, n, hs,
                                       v_row, get_p);
-        if (a.et.ev != nullptr)  // the edges' value terms: rows in CSR order
+        if ((FEAT && a.et.ev != nullptr))  // the edges' value terms: rows in CSR order
           spmm_accumulate<T, VW, SLOTS>(
               acc, slots, c0, group, ls, sub, 0, n, hs,
               [&](int e) -> const T* { return a.et.ev + (cb + e) * HF; },
@@ -354,7 +354,7 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
 // graph's rows are reused by ~41 edges each); wider windows read global
 // memory. Rows go to warps dynamically (smmf_rows). Any degree fits: nothing
 // is sized by the row length.
-template <typename T, int KIND, bool VEC>
+template <typename T, int KIND, bool VEC, bool FEAT>
 __global__ void __launch_bounds__(kSmmfMaxThreads)
     smmf_fwd_kernel(FwdArgs<T, int32_t> a, const int64_t* __restrict__ windows,
                     int rows_per_block, int stage_span) {
@@ -416,17 +416,17 @@ __global__ void __launch_bounds__(kSmmfMaxThreads)
   w.c = w.l + H;
   w.j = reinterpret_cast<int*>(w.c + H);
   if (staged)
-    smmf_rows<T, KIND, VW, SLOTS, int>(a, w, s_next, r_begin, r_end, s_k, s_v,
+    smmf_rows<T, KIND, VW, SLOTS, int, FEAT>(a, w, s_next, r_begin, r_end, s_k, s_v,
                                        src_lo, s_att);
   else
-    smmf_rows<T, KIND, VW, SLOTS, int64_t>(a, w, s_next, r_begin, r_end, a.k,
+    smmf_rows<T, KIND, VW, SLOTS, int64_t, FEAT>(a, w, s_next, r_begin, r_end, a.k,
                                            a.v, 0, s_att);
 }
 
 // ============================================================= PMF kernels
 
 // a. edge-parallel SDDMM: scores[e, h] for all edges.
-template <typename T, typename I, int KIND, bool VEC>
+template <typename T, typename I, int KIND, bool VEC, bool FEAT>
 __global__ void __launch_bounds__(kThreads)
     pmf_sddmm_kernel(FwdArgs<T, I> a, float* __restrict__ scores,
                      int64_t items_per_warp) {
@@ -458,13 +458,13 @@ __global__ void __launch_bounds__(kThreads)
         const int64_t j = (int64_t)a.col[e];
         if constexpr (KIND == kAdd) {
           float x = to_float(a.q[r * H + h]) + to_float(a.k[j * H + h]);
-          if (a.et.es != nullptr) x += to_float(a.et.es[it]);
+          if ((FEAT && a.et.es != nullptr)) x += to_float(a.et.es[it]);
           acc[u] = leaky_relu(x, a.slope);
         } else {
           acc[u] = score_part_global<KIND, T, VW>(
               a.q + r * HD + (int64_t)h * D, a.k + j * HD + (int64_t)h * D,
               a.att + (int64_t)h * D, D, lg * VW, G * VW, a.slope,
-              a.et.ek != nullptr ? a.et.ek + it * D : nullptr);
+              (FEAT && a.et.ek != nullptr) ? a.et.ek + it * D : nullptr);
         }
       }
     }
@@ -477,7 +477,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // b. softmax + SpMM, a warp per segment.
-template <typename T, typename I, bool VEC>
+template <typename T, typename I, bool VEC, bool FEAT>
 __global__ void __launch_bounds__(kThreads)
     pmf_softmax_spmm_kernel(FwdArgs<T, I> a, const float* __restrict__ scores,
                             const int64_t* __restrict__ seg_ptr,
@@ -528,7 +528,7 @@ __global__ void __launch_bounds__(kThreads)
   auto v_row = [&](int e) -> const T* { return a.v + s_j[e] * HF; };
   auto get_p = [&](int e, int h) -> float { return s_p[h * kTileEdges + e]; };
   uint64_t seed, offset;
-  a.drop.begin(seed, offset);
+  drop_begin<FEAT>(a.drop, seed, offset);
   for (int c0 = 0; c0 < slots; c0 += group * SLOTS) {
     float acc[SLOTS][VW];
     int hs[SLOTS];
@@ -540,13 +540,13 @@ __global__ void __launch_bounds__(kThreads)
         const int e = x / H, h = x - e * H;
         s_p[h * kTileEdges + e] =
             expf(scores[(es + t0 + e) * H + h] - s_m[h]) *
-            a.drop.factor(seed, offset, es + t0 + e, h);
+            drop_factor<FEAT>(a.drop, seed, offset, es + t0 + e, h);
       }
       if (lane < tn) s_j[lane] = (int64_t)a.col[es + t0 + lane];
       __syncwarp();
       spmm_accumulate<T, VW, SLOTS>(acc, slots, c0, group, ls, sub, 0, tn, hs,
                                     v_row, get_p);
-      if (a.et.ev != nullptr)
+      if ((FEAT && a.et.ev != nullptr))
         spmm_accumulate<T, VW, SLOTS>(
             acc, slots, c0, group, ls, sub, 0, tn, hs,
             [&](int e) -> const T* { return a.et.ev + (es + t0 + e) * HF; },
@@ -659,6 +659,11 @@ struct Launch {
   at::Tensor alpha_perm;  // CSR edge -> row of alpha (undefined: identity)
   bool alpha_dropped;     // alpha after dropout (GAT) or before
   DropoutMask drop;
+  // any of the above: the kernels instantiated with the features
+  bool features() const {
+    return edge_score.defined() || edge_key.defined() ||
+           edge_value.defined() || alpha.defined() || drop.active;
+  }
   int64_t kind, n_dst, n_edges, max_in_degree;
   int64_t H, D, F;
   int qk_group, v_group, device_optin;
@@ -752,12 +757,14 @@ void run_smmf(const Launch& L) {
     auto a = make_args<scalar_t, index_t, VEC>(L);
     if (scores.defined()) a.scores = scores.data_ptr<float>();
     PYG_DFGNN_DISPATCH_KIND(L.kind, [&] {
-      auto kernel = smmf_fwd_kernel<scalar_t, KIND, VEC>;
+     PYG_DFGNN_DISPATCH_BOOL(L.features(), FEAT, [&] {
+      auto kernel = smmf_fwd_kernel<scalar_t, KIND, VEC, FEAT>;
       allow_smem(kernel, bytes);
       kernel<<<(unsigned)blocks, warps * kWarpSize, bytes, stream>>>(
           a, windowed ? L.windows.data_ptr<int64_t>() : nullptr,
           kSmmfPlainRows, (int)span);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
+     });
     });
   });
   run_alpha<scalar_t>(L, scores);
@@ -798,13 +805,16 @@ void run_pmf(const Launch& L) {
         const int64_t warps = (items + items_per_warp - 1) / items_per_warp;
         const int64_t blocks = (warps + kWarps - 1) / kWarps;
         PYG_DFGNN_DISPATCH_KIND(L.kind, [&] {
-          pmf_sddmm_kernel<scalar_t, index_t, KIND, VEC>
+         PYG_DFGNN_DISPATCH_BOOL(L.features(), FEAT, [&] {
+          pmf_sddmm_kernel<scalar_t, index_t, KIND, VEC, FEAT>
               <<<(unsigned)blocks, kThreads, 0, stream>>>(
                   a, scores.data_ptr<float>(), items_per_warp);
           C10_CUDA_KERNEL_LAUNCH_CHECK();
+         });
         });
       }
-      auto kernel = pmf_softmax_spmm_kernel<scalar_t, index_t, VEC>;
+     PYG_DFGNN_DISPATCH_BOOL(L.features(), FEAT, [&] {
+      auto kernel = pmf_softmax_spmm_kernel<scalar_t, index_t, VEC, FEAT>;
       allow_smem(kernel, bytes);
       kernel<<<(unsigned)((seg_bound + kWarps - 1) / kWarps), kThreads, bytes,
                stream>>>(a, scores.data_ptr<float>(),
@@ -813,6 +823,7 @@ void run_pmf(const Launch& L) {
                          part_acc.data_ptr<float>(), part_ml.data_ptr<float>(),
                          seg_bound);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
+     });
     });
   });
   if (L.max_in_degree > kSegEdges) {
