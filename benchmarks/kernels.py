@@ -27,7 +27,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # graphs/timing; pyg_dfgnn
 from graphs import DEFAULT_GRAPHS, GRAPHS, make_dfgraph  # noqa: E402
-from timing import (Timer, environment, default_out, free_memory, make_parser,
+from timing import (guard_oom, Timer, environment, default_out, free_memory, make_parser,
                     resolve_run,  # noqa
                     gpu_family, is_oom, peak_memory_mb, print_table, rel_err,
                     save_json)
@@ -133,14 +133,6 @@ def _speedup(base: Optional[float], ours: Optional[float]) -> Optional[float]:
     return base / ours
 
 
-def _guard(fn):
-    """Run ``fn()``; 'OOM' on out-of-memory instead of raising."""
-    try:
-        return fn()
-    except Exception as e:  # noqa: BLE001 - only OOM is swallowed
-        if is_oom(e):
-            return 'OOM'
-        raise
 
 
 def bench_case(graph_name: str, graph, edge_index, num_nodes: int,
@@ -211,11 +203,11 @@ def bench_case(graph_name: str, graph, edge_index, num_nodes: int,
         out = unfused_attention(edge_index, num_nodes, v32, q32, k32)
         return (out.detach(), ) + torch.autograd.grad(out, (q32, k32, v32),
                                                       g32)
-    ref = _guard(reference)
+    ref = guard_oom(reference)
     out = ours_fwd()
     row['backend'] = 'cuda' if (v.is_cuda and cuda_ops.available()) \
         else 'reference'
-    grads = _guard(ours_fb)
+    grads = guard_oom(ours_fb)
     if ref == 'OOM':
         row['err_fwd'] = row['err_bwd'] = 'OOM'
     else:
@@ -227,15 +219,15 @@ def bench_case(graph_name: str, graph, edge_index, num_nodes: int,
 
     for name, fn in (('ours_fwd', ours_fwd), ('unfused_fwd', unf_fwd),
                      ('ours_fb', ours_fb), ('unfused_fb', unf_fb)):
-        row[name] = _guard(lambda: timer(fn))
+        row[name] = guard_oom(lambda: timer(fn))
         free_memory(device)
-    row['ours_fwd_ops'] = _guard(lambda: timer(ops_fwd)) if ops_fwd else None
+    row['ours_fwd_ops'] = guard_oom(lambda: timer(ops_fwd)) if ops_fwd else None
     free_memory(device)
-    row['ours_fb_ops'] = _guard(lambda: timer(ops_fb)) if ops_fb else None
+    row['ours_fb_ops'] = guard_oom(lambda: timer(ops_fb)) if ops_fb else None
     free_memory(device)
-    row['ours_mem_mb'] = _guard(lambda: peak_memory_mb(ours_fb, device))
+    row['ours_mem_mb'] = guard_oom(lambda: peak_memory_mb(ours_fb, device))
     free_memory(device)
-    row['unfused_mem_mb'] = _guard(lambda: peak_memory_mb(unf_fb, device))
+    row['unfused_mem_mb'] = guard_oom(lambda: peak_memory_mb(unf_fb, device))
     free_memory(device)
 
     anchors = anchors_for(graph_name, shape, family) if family or \

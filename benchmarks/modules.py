@@ -23,7 +23,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # graphs/timing; pyg_dfgnn
 from graphs import DEFAULT_GRAPHS, GRAPHS, make_graph  # noqa: E402
-from timing import (Timer, default_out, environment, free_memory, make_parser,
+from timing import (guard_oom, Timer, default_out, environment, free_memory, make_parser,
                     resolve_run,  # noqa
                     is_oom, peak_memory_mb, print_table, rel_err, save_json)
 from kernels import DTYPES  # noqa: E402
@@ -82,13 +82,6 @@ def build_pair(name: str, device, dtype, seed: int):
     return ref, ours, ''
 
 
-def _guard(fn: Callable):
-    try:
-        return fn()
-    except Exception as e:  # noqa: BLE001 - only OOM is swallowed
-        if is_oom(e):
-            return 'OOM'
-        raise
 
 
 def _grads(module: torch.nn.Module, x: torch.Tensor, edge_index,
@@ -153,17 +146,17 @@ def bench_pair(conv: str, graph_name: str, edge_index, num_nodes: int,
                 row[f'{who}_{key}'] = None
             continue
         m.train()
-        row[f'{who}_fwd'] = _guard(lambda: timer(fwd(m)))
+        row[f'{who}_fwd'] = guard_oom(lambda: timer(fwd(m)))
         free_memory(device)
-        row[f'{who}_fb'] = _guard(lambda: timer(step(m)))
+        row[f'{who}_fb'] = guard_oom(lambda: timer(step(m)))
         free_memory(device)
-        row[f'{who}_mem_mb'] = _guard(lambda: peak_memory_mb(step(m), device))
+        row[f'{who}_mem_mb'] = guard_oom(lambda: peak_memory_mb(step(m), device))
         free_memory(device)
 
     row['err_fwd'] = row['err_bwd'] = None
     if ours is not None and not note:
-        got = _guard(lambda: _grads(ours, x, edge_index, grad))
-        want = _guard(lambda: _grads(ref, x, edge_index, grad)) \
+        got = guard_oom(lambda: _grads(ours, x, edge_index, grad))
+        want = guard_oom(lambda: _grads(ref, x, edge_index, grad)) \
             if got != 'OOM' else 'OOM'
         if 'OOM' in (got, want):
             row['err_fwd'] = row['err_bwd'] = 'OOM'

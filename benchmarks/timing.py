@@ -86,6 +86,16 @@ def is_oom(err: BaseException) -> bool:
         isinstance(err, RuntimeError) and 'out of memory' in str(err))
 
 
+def guard_oom(fn):
+    """Run ``fn()``; 'OOM' on out-of-memory instead of raising."""
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - only OOM is swallowed
+        if is_oom(e):
+            return 'OOM'
+        raise
+
+
 def free_memory(device: torch.device) -> None:
     if torch.device(device).type == 'cuda':
         torch.cuda.synchronize(device)

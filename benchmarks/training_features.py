@@ -37,7 +37,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # graphs/timing; pyg_dfgnn
 from graphs import GraphSpec, _batch, stats  # noqa: E402
-from timing import (Timer, default_out, environment, fmt,  # noqa: E402
+from timing import (guard_oom, Timer, default_out, environment, fmt,  # noqa: E402
                     free_memory, is_oom, peak_memory_mb, print_table, rel_err,
                     save_json)
 
@@ -146,13 +146,6 @@ def count_reference_calls():
             setattr(module, 'fused_attention_reference', original)
 
 
-def _guard(fn):
-    try:
-        return fn()
-    except Exception as e:  # noqa: BLE001 - only OOM is swallowed
-        if is_oom(e):
-            return 'OOM'
-        raise
 
 
 class Step:
@@ -237,10 +230,10 @@ def bench_row(cfg: Config, edge_index, num_nodes: int, dtype_name: str,
     free_memory(device)
 
     def measure(who, conv):
-        row[f'{who}_ms'] = _guard(lambda: timer(step(conv)))
+        row[f'{who}_ms'] = guard_oom(lambda: timer(step(conv)))
         step.clear(conv)
         free_memory(device)
-        row[f'{who}_mb'] = _guard(lambda: peak_memory_mb(step(conv), device))
+        row[f'{who}_mb'] = guard_oom(lambda: peak_memory_mb(step(conv), device))
         step.clear(conv)
         free_memory(device)
 
@@ -254,8 +247,8 @@ def bench_row(cfg: Config, edge_index, num_nodes: int, dtype_name: str,
     # sanity: in eval() mode (no dropout) both convs agree
     row['err_fwd'] = row['err_bwd'] = None
     ref.eval(), ours.eval()
-    got = _guard(lambda: _grads(step, ours))
-    want = _guard(lambda: _grads(step, ref)) if got != 'OOM' else 'OOM'
+    got = guard_oom(lambda: _grads(step, ours))
+    want = guard_oom(lambda: _grads(step, ref)) if got != 'OOM' else 'OOM'
     if 'OOM' in (got, want):
         row['err_fwd'] = row['err_bwd'] = 'OOM'
     else:
