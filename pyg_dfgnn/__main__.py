@@ -57,8 +57,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.command == 'show-config':
             print(dump_config(cfg), end='')
             return 0
-        from pyg_dfgnn.train.runner import train
-        train(cfg, resume=args.resume)
+        from pyg_dfgnn.train.runner import CheckpointError, train
+        try:
+            train(cfg, resume=args.resume)
+        except CheckpointError as e:
+            print(f'pyg-dfgnn: error: {e}', file=sys.stderr)
+            return 2
         return 0
     except (ConfigError, FileNotFoundError) as e:
         print(f'pyg-dfgnn: error: {e}', file=sys.stderr)

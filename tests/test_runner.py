@@ -11,7 +11,8 @@ from pyg_dfgnn.datasets import DatasetBundle, build_datasets, edge_attr_info
 from pyg_dfgnn.datasets.sbm import generate_sbm_splits
 from pyg_dfgnn.train.config import ConfigError, load_config
 from pyg_dfgnn.train.model import DF_CONVS, build_model
-from pyg_dfgnn.train.runner import (accuracy_sbm, compute_loss, lr_factor,
+from pyg_dfgnn.train.runner import (CKPT_FORMAT, CheckpointError,
+                                    accuracy_sbm, compute_loss, lr_factor,
                                     run_dir, train, weighted_cross_entropy)
 
 #: Options of a GraphGPS GAT local layer with edge features.
@@ -570,3 +571,46 @@ def test_edge_config_trains_via_cli(tmp_path, capsys):
     assert 'local attn dropout 0.2, edge features TypeDictEdge' in out
     assert osp.exists(tmp_path / 'r' / 'pattern-gps-edge' / 'pyg-seed0' /
                       'results.json')
+
+
+def test_checkpoint_is_weights_only(tmp_path):
+    cfg = tiny(tmp_path, 'optim.max_epoch=1')
+    train(cfg, log=quiet)
+    ckpt = torch.load(osp.join(run_dir(cfg), 'ckpt', 'last.pt'),
+                      weights_only=True)
+    assert ckpt['format'] == CKPT_FORMAT and ckpt['epoch'] == 0
+    assert isinstance(ckpt['config'], dict)
+
+
+@pytest.mark.parametrize('damage', ['truncated', 'garbage', 'foreign',
+                                    'pickled_object'])
+def test_resume_refuses_corrupt_or_foreign_checkpoints(tmp_path, damage,
+                                                       capsys):
+    import argparse
+    cfg = tiny(tmp_path, 'optim.max_epoch=2')
+    train(cfg, stop_after_epochs=1, log=quiet)
+    path = osp.join(run_dir(cfg), 'ckpt', 'last.pt')
+    if damage == 'truncated':
+        data = open(path, 'rb').read()
+        open(path, 'wb').write(data[:len(data) // 2])
+    elif damage == 'garbage':
+        open(path, 'wb').write(b'not a checkpoint at all')
+    elif damage == 'foreign':  # e.g. a bare state dict
+        torch.save({'weight': torch.zeros(2)}, path)
+    else:  # arbitrary objects are never unpickled
+        torch.save({'config': argparse.Namespace(a=1)}, path)
+    match = 'not a pyg_dfgnn runner' if damage == 'foreign' else \
+        'cannot read the checkpoint'
+    with pytest.raises(CheckpointError, match=match):
+        train(cfg, resume=True, log=quiet)
+    cfg_file = tmp_path / 'c.yaml'
+    cfg_file.write_text('name: tiny\n')
+    args = [f'{k}={v}' for k, v in (
+        ('out_dir', cfg.out_dir), ('dataset.dir', cfg.dataset.dir),
+        ('dataset.size', 16), ('gt.layers', 1), ('gt.dim_hidden', 8),
+        ('gnn.dim_inner', 8), ('gt.n_heads', 2), ('gnn.layers_post_mp', 1),
+        ('train.batch_size', 8), ('train.progress_bar', 'false'),
+        ('optim.max_epoch', 2), ('optim.num_warmup_epochs', 1),
+        ('backend', 'pyg'), ('num_threads', 1))]
+    assert main(['train', '--cfg', str(cfg_file), *args, '--resume']) == 2
+    assert 'pyg-dfgnn: error: --resume:' in capsys.readouterr().err

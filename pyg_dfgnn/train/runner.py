@@ -9,7 +9,9 @@ config's dataset and writes, under ``<out_dir>/<name>/<backend>-seed<seed>/``:
 * ``results.json`` - config, per-epoch history, best epoch (by the validation
   ``metric_best``), final metrics, parameter count, device, timings;
 * ``ckpt/last.pt`` - model, optimizer, scheduler, history and RNG state, from
-  which ``resume=True`` continues bit-for-bit on the CPU.
+  which ``resume=True`` continues bit-for-bit on the CPU. It holds tensors
+  and plain containers only and is read with ``torch.load(...,
+  weights_only=True)``: resuming never unpickles arbitrary objects.
 
 Runs are seeded: the model init and dropout draw from ``torch.manual_seed(
 seed)`` and the training order of epoch ``e`` from a generator seeded with
@@ -39,6 +41,11 @@ from pyg_dfgnn.train.config import (Config, ConfigError, default_config,
 RESUME_FREE_KEYS = ('device', 'num_threads', 'train.progress_bar',
                     'train.num_workers', 'train.eval_period',
                     'train.ckpt_period', 'train.time_limit_s')
+
+#: Tag of the checkpoints this runner writes (a foreign file is refused).
+CKPT_FORMAT = 'pyg_dfgnn.train.ckpt/1'
+CKPT_KEYS = ('config', 'epoch', 'model', 'optimizer', 'scheduler', 'history',
+             'best', 'rng_cpu')
 
 CSV_FIELDS = ('epoch', 'train_loss', 'train_metric', 'val_loss',
               'val_metric', 'test_loss', 'test_metric', 'lr', 'epoch_time_s',
@@ -217,6 +224,41 @@ def _atomic_save(obj: Any, path: str) -> None:
     os.replace(tmp, path)
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be resumed from: unreadable, or not written
+    by this runner."""
+
+
+def load_checkpoint(path: str) -> Dict[str, Any]:
+    """Reads a runner checkpoint with ``torch.load(weights_only=True)``
+    (tensors on the CPU) and checks that it is one.
+
+    Raises:
+        CheckpointError: the file is corrupt, holds objects other than
+            tensors and plain containers, or lacks the runner's keys.
+    """
+    try:
+        ckpt = torch.load(path, map_location='cpu', weights_only=True)
+    except Exception as e:  # truncated zip, bad pickle, forbidden globals
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ''
+        raise CheckpointError(
+            f"--resume: cannot read the checkpoint '{path}' as a tensors-only "
+            f"(weights_only) file: {type(e).__name__}: {first}. It is "
+            f"corrupt or was not written by this runner; delete it to start "
+            f"over.") from e
+    fmt = ckpt.get('format') if isinstance(ckpt, dict) else None
+    missing = [k for k in CKPT_KEYS if not isinstance(ckpt, dict)
+               or k not in ckpt]
+    if missing or (fmt is not None and fmt != CKPT_FORMAT) or \
+            not isinstance(ckpt['config'], dict):
+        what = (f'format {fmt!r}' if fmt not in (None, CKPT_FORMAT) else
+                f"no {missing}" if missing else 'a config that is no mapping')
+        raise CheckpointError(
+            f"--resume: '{path}' is not a pyg_dfgnn runner checkpoint "
+            f"({what}); delete it to start over.")
+    return ckpt
+
+
 def _config_diff(a: Dict[str, Any], b: Dict[str, Any], prefix: str = '',
                  defaults: Optional[Dict[str, Any]] = None) -> List[str]:
     """Keys where checkpoint config ``a`` and config ``b`` differ. A key
@@ -297,7 +339,7 @@ def train(cfg: Config, resume: bool = False, bundle=None,
             raise FileNotFoundError(
                 f"--resume: no checkpoint at '{ckpt_path}' (run without "
                 f"--resume first, with the same config)")
-        ckpt = torch.load(ckpt_path, map_location=device, weights_only=False)
+        ckpt = load_checkpoint(ckpt_path)
         diff = _config_diff(ckpt['config'], cfg.to_dict())
         if diff:
             raise ConfigError(f"--resume: the config differs from the "
@@ -390,7 +432,8 @@ def train(cfg: Config, resume: bool = False, bundle=None,
         if cfg.train.enable_ckpt and (
                 (epoch + 1) % cfg.train.ckpt_period == 0 or last or stop):
             _atomic_save({
-                'config': cfg.to_dict(), 'epoch': epoch,
+                'format': CKPT_FORMAT, 'config': cfg.to_dict(),
+                'epoch': epoch,
                 'model': model.state_dict(),
                 'optimizer': optimizer.state_dict(),
                 'scheduler': scheduler.state_dict(),
