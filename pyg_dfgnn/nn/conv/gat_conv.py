@@ -258,9 +258,9 @@ class DFGATConv(MessagePassing):
 
         edge_score: Optional[Tensor] = None
         if edge_attr is not None and self.lin_edge is not None:
-            edge_attr = structure.edge_attr(edge_index, edge_attr,
-                                            self.fill_value)
-            edge_score = self._edge_score(edge_attr)
+            edge_score = structure.edge_attr(edge_index, edge_attr,
+                                             self.fill_value,
+                                             project=self._edge_score)
 
         dtype = op_dtype(x_src, alpha_dst, alpha_src, edge_score)
         x_src, alpha_dst, alpha_src, edge_score = cast(
