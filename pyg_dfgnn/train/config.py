@@ -146,7 +146,14 @@ SCHEMA: Dict[str, Any] = {
         'eval_period': _f(1, min=1),
         'enable_ckpt': _f(True),
         'ckpt_period': _f(1, min=1),
-        'num_workers': _f(0, min=0),
+        'num_workers': _f(0, min=0, help='DataLoader workers (loader pyg)'),
+        'loader': _f('device', choices=('device', 'pyg'),
+                     help='device: splits concatenated on the device, '
+                     'batches built there (no host collation, no host '
+                     'sync); pyg: torch_geometric DataLoader'),
+        'capture': _f(False, bool,
+                      help='training step as CUDA graphs, batches padded '
+                      'to size buckets (CUDA, loader device)'),
         'progress_bar': _f(True),
         'time_limit_s': _f(0.0, float, min=0.0,
                            help='stop (checkpointed, resumable) after the '

@@ -11,8 +11,20 @@ Each :class:`GPSLayer` computes, for node features :math:`X`:
 
 where the local MPNN is one of ``DFGAT``, ``DFGATv2``, ``DFTransformer``,
 ``DFAGNN`` (the fused DF-GNN convs), ``GINE``, ``GCN`` or ``None``, and the
-global model is dense multi-head attention over the nodes of each graph
+global model is multi-head attention over the nodes of each graph
 (``Transformer``) or ``None``.
+
+The global attention is GraphGPS's ``nn.MultiheadAttention`` over graphs
+padded to the largest (``to_dense_batch``). With ``backend='dfgnn'`` and a
+batch of the device loader (:mod:`pyg_dfgnn.train.batching`, which builds
+``attn_graph``), the same module's weights run through the fused op instead:
+``'dot'`` attention over the block-diagonal complete graph of the batch, no
+padding, no dense ``[B, L, L]`` scores. Device-loader batches also carry the
+dense layout (``dense_index``, ``max_num_nodes``), so the padded path runs
+without host syncs too.
+
+Batches padded for a captured step carry ``node_mask``: batch norms
+(:class:`MaskedBatchNorm1d`) take their statistics from the real nodes only.
 
 ``backend='pyg'`` builds every DF conv's PyG twin (``GATConv``, ...) with the
 same constructor arguments; the twins hold the same parameters under the same
@@ -26,7 +38,7 @@ features (GraphGPS's GAT local layer: ``GATConv(..., edge_dim=dim_h)``).
 from __future__ import annotations
 
 import importlib
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -102,6 +114,87 @@ def build_local_model(local: str, dim: int, heads: int, backend: str,
     raise ValueError(f'unknown local model {local!r}')
 
 
+class MaskedBatchNorm1d(nn.BatchNorm1d):
+    r"""``nn.BatchNorm1d`` (same parameters and buffers) whose training
+    statistics come from the rows ``mask`` selects (padding rows are
+    normalised but not counted). Without a mask it is ``BatchNorm1d``,
+    except that ``momentum=None`` (cumulative average) updates the running
+    statistics with device ops instead of reading ``num_batches_tracked``
+    on the host."""
+
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        if not (self.training and self.track_running_stats) or (
+                mask is None and self.momentum is not None):
+            return super().forward(x)
+        if mask is None:
+            w = None
+            count = x.new_full((), float(x.size(0)))
+            mean = x.mean(0)
+            var = (x - mean).square().mean(0)
+        else:
+            w = mask.to(x.dtype).unsqueeze(-1)
+            count = w.sum()
+            mean = (x * w).sum(0) / count
+            var = ((x - mean).square() * w).sum(0) / count
+        out = (x - mean) * torch.rsqrt(var + self.eps)
+        if self.affine:
+            out = out * self.weight + self.bias
+        with torch.no_grad():
+            self.num_batches_tracked.add_(1)
+            factor = self.momentum if self.momentum is not None else \
+                1.0 / self.num_batches_tracked
+            unbiased = var * count / (count - 1).clamp(min=1)
+            self.running_mean.lerp_(mean.detach(), factor)
+            self.running_var.lerp_(unbiased.detach(), factor)
+        return out
+
+
+def _apply(seq: nn.Module, x: Tensor, mask: Optional[Tensor]) -> Tensor:
+    """``seq(x)`` with ``mask`` passed to its batch norms."""
+    for module in seq:
+        x = module(x, mask) if isinstance(module, MaskedBatchNorm1d) \
+            else module(x)
+    return x
+
+
+def padded_attention(attn: nn.MultiheadAttention, x: Tensor,
+                     data: Any) -> Tensor:
+    """GraphGPS's attention over graphs padded to the largest, through the
+    device loader's dense layout (``dense_index``: node -> row of
+    ``[num_slots * max_num_nodes]``, padding nodes to one spare row): the
+    sizes are known on the host, so no host sync."""
+    width, slots = data.max_num_nodes, data.num_slots
+    rows = slots * width
+    index = data.dense_index
+    dense = x.new_zeros(rows + 1, x.size(1)).index_copy(0, index, x)
+    real = torch.zeros(rows + 1, dtype=torch.bool, device=x.device)
+    real = real.index_fill(0, index, True)[:rows].view(slots, width)
+    # An empty slot (fewer graphs than slots) attends to its first row:
+    # fully masked rows would make NaN, and NaN * 0 gradients.
+    real[:, 0] = True
+    dense = dense[:rows].view(slots, width, -1)
+    h = attn(dense, dense, dense, key_padding_mask=~real,
+             need_weights=False)[0]
+    h = torch.cat([h.reshape(rows, -1), h.new_zeros(1, h.size(-1))])
+    return h.index_select(0, index)
+
+
+def fused_global_attention(attn: nn.MultiheadAttention, x: Tensor, graph,
+                           training: bool) -> Tensor:
+    """``attn`` (its weights, dropout and scaling) as ``'dot'`` fused
+    attention over ``graph``, the block-diagonal complete graph of the
+    batch: each node attends to the nodes of its graph, as
+    ``nn.MultiheadAttention`` with the padding masked."""
+    from pyg_dfgnn.ops import fused_attention
+    heads, dim = attn.num_heads, x.size(1)
+    qkv = F.linear(x, attn.in_proj_weight, attn.in_proj_bias)
+    q, k, v = qkv.view(-1, 3, heads, dim // heads).unbind(1)
+    out = fused_attention(graph, 'dot', v, q, k,
+                          scale=(dim // heads)**-0.5, dropout=attn.dropout,
+                          training=training)
+    return attn.out_proj(out.reshape(-1, dim))
+
+
 class GPSLayer(nn.Module):
     """One GPS layer: local MPNN + global attention + FFN (see module doc)."""
 
@@ -112,6 +205,7 @@ class GPSLayer(nn.Module):
                  edge_features: bool = False):
         super().__init__()
         self.local_name, self.global_name = local, glob
+        self.backend = backend
         self.dropout = dropout
         # GINE always takes edge features (a DummyEdge one by default).
         self.local_takes_edges = local == 'GINE' or edge_features
@@ -125,7 +219,7 @@ class GPSLayer(nn.Module):
 
         def norm() -> nn.Module:
             if batch_norm:
-                return nn.BatchNorm1d(dim)
+                return MaskedBatchNorm1d(dim)
             if layer_norm:
                 return nn.LayerNorm(dim)
             return nn.Identity()
@@ -138,7 +232,12 @@ class GPSLayer(nn.Module):
                                 nn.Dropout(dropout))
 
     def forward(self, x: Tensor, edge_index, batch: Tensor,
-                edge_attr: Optional[Tensor] = None) -> Tensor:
+                edge_attr: Optional[Tensor] = None, data: Any = None,
+                mask: Optional[Tensor] = None) -> Tensor:
+        """``data`` (the batch) selects the global attention's path:
+        fused over ``data.attn_graph`` (backend dfgnn), the device loader's
+        dense layout, or ``to_dense_batch``; ``mask`` marks the real nodes
+        of a padded batch."""
         parts = []
         if self.local_model is not None:
             if self.local_takes_edges:
@@ -146,15 +245,27 @@ class GPSLayer(nn.Module):
             else:
                 h = self.local_model(x, edge_index)
             h = F.dropout(h, self.dropout, self.training)
-            parts.append(self.norm_local(x + h))
+            parts.append(_norm(self.norm_local, x + h, mask))
         if self.self_attn is not None:
-            dense, mask = to_dense_batch(x, batch)
-            h = self.self_attn(dense, dense, dense, key_padding_mask=~mask,
-                               need_weights=False)[0][mask]
+            attn_graph = getattr(data, 'attn_graph', None)
+            if attn_graph is not None and self.backend == 'dfgnn':
+                h = fused_global_attention(self.self_attn, x, attn_graph,
+                                           self.training)
+            elif getattr(data, 'dense_index', None) is not None:
+                h = padded_attention(self.self_attn, x, data)
+            else:
+                dense, real = to_dense_batch(x, batch)
+                h = self.self_attn(dense, dense, dense,
+                                   key_padding_mask=~real,
+                                   need_weights=False)[0][real]
             h = F.dropout(h, self.dropout, self.training)
-            parts.append(self.norm_attn(x + h))
+            parts.append(_norm(self.norm_attn, x + h, mask))
         h = parts[0] if len(parts) == 1 else parts[0] + parts[1]
-        return self.norm_out(h + self.ff(h))
+        return _norm(self.norm_out, h + self.ff(h), mask)
+
+
+def _norm(norm: nn.Module, x: Tensor, mask: Optional[Tensor]) -> Tensor:
+    return norm(x, mask) if isinstance(norm, MaskedBatchNorm1d) else norm(x)
 
 
 class LapPENodeEncoder(nn.Module):
@@ -213,10 +324,10 @@ class GPSModel(nn.Module):
             # exponential average would keep a trace of its initial var = 1
             # for hundreds of steps and squash the PE in eval mode.
             self.rwse_encoder = nn.Sequential(
-                nn.BatchNorm1d(steps, momentum=None)
+                MaskedBatchNorm1d(steps, momentum=None)
                 if rw.raw_norm_type == 'BatchNorm' else nn.Identity(),
                 nn.Linear(steps, rw.dim_pe))
-        self.node_encoder_bn = (nn.BatchNorm1d(dim)
+        self.node_encoder_bn = (MaskedBatchNorm1d(dim)
                                 if cfg.dataset.node_encoder_bn else None)
         ds = cfg.dataset
         self.edge_encoder_name = ds.edge_encoder_name if ds.edge_encoder \
@@ -227,12 +338,14 @@ class GPSModel(nn.Module):
             # No edge features: GINE gets a learned dummy edge embedding
             # (GraphGPS's DummyEdge encoder).
             self.edge_encoder = nn.Embedding(1, dim)
-        self.edge_encoder_bn = (nn.BatchNorm1d(dim) if ds.edge_encoder and
+        self.edge_encoder_bn = (MaskedBatchNorm1d(dim) if ds.edge_encoder and
                                 ds.edge_encoder_bn else None)
         # GAT-like layers find their self-loops in the data (added by
         # ToDFGNNFormat / AddSelfLoops before encoding): their edge features
         # are refilled from the encoded ones, as GATConv fills its own.
         self.refill_loops = local in SELF_LOOP_LAYERS
+        # DF local convs take the batch's prebuilt format when it has one.
+        self.local_takes_dfgraph = cfg.backend == 'dfgnn' and local in DF_CONVS
 
         pre = []
         for _ in range(cfg.gnn.layers_pre_mp):
@@ -249,12 +362,16 @@ class GPSModel(nn.Module):
         for _ in range(cfg.gnn.layers_post_mp - 1):
             head.append(nn.Linear(dim, dim))
             if cfg.gnn.batchnorm:
-                head.append(nn.BatchNorm1d(dim))
+                head.append(MaskedBatchNorm1d(dim))
             head += [activation(cfg.gnn.act), nn.Dropout(cfg.gnn.dropout)]
         head.append(nn.Linear(dim, dim_out))
         self.head = nn.Sequential(*head)
 
     def forward(self, data) -> Tensor:
+        """Node logits of a PyG ``Batch`` or a device loader's
+        :class:`~pyg_dfgnn.train.batching.GraphBatch` (padding rows
+        included; ``data.node_mask`` marks the real ones)."""
+        mask = getattr(data, 'node_mask', None)
         x = data.x
         if isinstance(self.node_encoder, nn.Embedding):
             x = self.node_encoder(x.view(x.size(0), -1)[:, 0].long())
@@ -263,19 +380,25 @@ class GPSModel(nn.Module):
         if self.pe_encoder is not None:
             x = torch.cat([x, self.pe_encoder(data.EigVecs, data.EigVals)], 1)
         if self.rwse_encoder is not None:
-            x = torch.cat([x, self.rwse_encoder(data.pestat_RWSE)], 1)
+            x = torch.cat([x, _apply(self.rwse_encoder, data.pestat_RWSE,
+                                     mask)], 1)
         if self.node_encoder_bn is not None:
-            x = self.node_encoder_bn(x)
-        edge_attr = self.encode_edges(data, x.size(0))
+            x = self.node_encoder_bn(x, mask)
+        edge_attr = self.encode_edges(data, x.size(0), mask)
         x = self.pre_mp(x)
         batch = data.batch
         if batch is None:
             batch = torch.zeros(x.size(0), dtype=torch.long, device=x.device)
+        edge_index = data.edge_index
+        graph = getattr(data, 'dfgraph', None)
+        if graph is not None and self.local_takes_dfgraph:
+            edge_index = graph
         for layer in self.layers:
-            x = layer(x, data.edge_index, batch, edge_attr)
-        return self.head(x)
+            x = layer(x, edge_index, batch, edge_attr, data, mask)
+        return _apply(self.head, x, mask)
 
-    def encode_edges(self, data, num_nodes: int) -> Optional[Tensor]:
+    def encode_edges(self, data, num_nodes: int,
+                     mask: Optional[Tensor] = None) -> Optional[Tensor]:
         """The encoded edge features ``[E, dim]`` the local layers get, or
         ``None``. Self-loops of GAT-like layers get GATConv's
         ``fill_value='mean'`` of the *encoded* features of the node's other
@@ -304,11 +427,15 @@ class GPSModel(nn.Module):
                 raw = raw.masked_fill(loop.unsqueeze(-1), 0.0)
             enc = self.edge_encoder(raw)
         if self.edge_encoder_bn is not None:
-            if loop is None:
-                enc = self.edge_encoder_bn(enc)
-            else:  # batch statistics over the real edges only
-                real = ~loop
-                enc = enc.index_put((real, ), self.edge_encoder_bn(enc[real]))
+            # Batch statistics over the real edges only (no self-loops to
+            # be refilled, no padding edges), without boolean indexing.
+            real = None if mask is None else mask.index_select(
+                0, edge_index[1])
+            if loop is not None:
+                real = ~loop if real is None else real & ~loop
+            normed = self.edge_encoder_bn(enc, real)
+            enc = normed if loop is None else torch.where(
+                loop.unsqueeze(-1), enc, normed)
         if loop is not None:
             # Mean over real in-edges without a host sync (no boolean
             # indexing): masked sums and counts.

@@ -27,19 +27,20 @@ import os.path as osp
 import random
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from pyg_dfgnn.train.batching import DeviceLoader, GraphBatch, GraphStore
 from pyg_dfgnn.train.config import (Config, ConfigError, default_config,
-                                    dump_config)
+                                    dump_config, split_layer_type)
 
 #: Config keys that may differ between a run and its resumption.
 RESUME_FREE_KEYS = ('device', 'num_threads', 'train.progress_bar',
-                    'train.num_workers', 'train.eval_period',
+                    'train.num_workers', 'train.loader', 'train.eval_period',
                     'train.ckpt_period', 'train.time_limit_s')
 
 #: Tag of the checkpoints this runner writes (a foreign file is refused).
@@ -71,7 +72,11 @@ def run_dir(cfg: Config) -> str:
     return osp.join(cfg.out_dir, cfg.name, f'{cfg.backend}-seed{cfg.seed}')
 
 
-def make_optimizer(cfg: Config, params) -> torch.optim.Optimizer:
+def make_optimizer(cfg: Config, params,
+                   capturable: bool = False) -> torch.optim.Optimizer:
+    """Adam / AdamW of the config; ``capturable``: for a captured step
+    (device-side step counts, the learning rate a device tensor that the
+    scheduler updates in place)."""
     cls = torch.optim.AdamW if cfg.optim.optimizer == 'adamW' else \
         torch.optim.Adam
     params = list(params)
@@ -80,8 +85,13 @@ def make_optimizer(cfg: Config, params) -> torch.optim.Optimizer:
     # models, whose steps are host-bound); the same update rule.
     fused = bool(params) and all(p.is_cuda and p.dtype.is_floating_point
                                  for p in params)
-    return cls(params, lr=cfg.optim.base_lr,
-               weight_decay=cfg.optim.weight_decay, fused=fused or None)
+    lr: Any = cfg.optim.base_lr
+    if capturable:
+        lr = torch.tensor(lr, device=params[0].device)
+        return cls(params, lr=lr, weight_decay=cfg.optim.weight_decay,
+                   fused=True, capturable=True)
+    return cls(params, lr=lr, weight_decay=cfg.optim.weight_decay,
+               fused=fused or None)
 
 
 def lr_factor(cfg: Config, epoch: int) -> float:
@@ -104,23 +114,43 @@ def make_scheduler(cfg: Config, opt) -> torch.optim.lr_scheduler.LambdaLR:
 
 
 # ------------------------------------------------------- losses, metrics
-def weighted_cross_entropy(pred: Tensor, y: Tensor) -> Tensor:
+def weighted_cross_entropy(pred: Tensor, y: Tensor,
+                           mask: Optional[Tensor] = None) -> Tensor:
     """Cross-entropy with class weights ``(n - n_c) / n`` from the batch's
     label counts (rare classes weigh more; absent classes weigh 0), as the
-    Benchmarking-GNNs SBM tasks are trained."""
-    counts = torch.bincount(y, minlength=pred.size(-1)).float()
-    weight = (counts.sum() - counts) / counts.sum()
-    weight = torch.where(counts > 0, weight, torch.zeros_like(weight))
-    return F.cross_entropy(pred, y, weight=weight)
+    Benchmarking-GNNs SBM tasks are trained. ``mask`` (bool [N]) keeps the
+    real nodes of a padded batch. No host sync (no ``bincount``)."""
+    real = pred.new_ones(y.size(0)) if mask is None else mask.to(pred.dtype)
+    counts = pred.new_zeros(pred.size(-1)).index_add_(0, y, real)
+    total = counts.sum()
+    weight = torch.where(counts > 0, (total - counts) / total,
+                         torch.zeros_like(counts))
+    if mask is None:
+        return F.cross_entropy(pred, y, weight=weight)
+    w = weight.index_select(0, y) * real
+    nll = F.cross_entropy(pred, y, reduction='none')
+    return (nll * w).sum() / w.sum()
 
 
-def compute_loss(loss_fun: str, pred: Tensor, y: Tensor) -> Tensor:
+def compute_loss(loss_fun: str, pred: Tensor, y: Tensor,
+                 mask: Optional[Tensor] = None) -> Tensor:
+    """The config's loss; ``mask`` (bool [N]) keeps the real nodes."""
     if loss_fun == 'weighted_cross_entropy':
-        return weighted_cross_entropy(pred, y)
-    if loss_fun == 'cross_entropy':
-        return F.cross_entropy(pred, y)
-    if loss_fun == 'l1':
-        return F.l1_loss(pred.view(-1), y.view(-1).float())
+        return weighted_cross_entropy(pred, y, mask)
+    if mask is None:
+        if loss_fun == 'cross_entropy':
+            return F.cross_entropy(pred, y)
+        if loss_fun == 'l1':
+            return F.l1_loss(pred.view(-1), y.view(-1).float())
+    else:
+        real = mask.to(pred.dtype)
+        if loss_fun == 'cross_entropy':
+            nll = F.cross_entropy(pred, y, reduction='none')
+        elif loss_fun == 'l1':
+            nll = (pred.view(-1) - y.view(-1).to(pred.dtype)).abs()
+        else:
+            raise ValueError(f'unknown loss {loss_fun!r}')
+        return (nll * real).sum() / real.sum()
     raise ValueError(f'unknown loss {loss_fun!r}')
 
 
@@ -143,60 +173,151 @@ def compute_metric(metric: str, pred: Tensor, y: Tensor) -> float:
     return accuracy_sbm(label, y)
 
 
+class EpochStats:
+    """Loss and metric of an epoch, accumulated on the device step by step
+    (no host sync) and read once by :meth:`result`.
+
+    Classification keeps a confusion matrix (``accuracy``: its trace;
+    ``accuracy-SBM``: the mean recall of the classes present, as
+    :func:`accuracy_sbm` of all the epoch's predictions), regression the
+    sum of absolute errors. The tensors are updated in place, so that a
+    captured step keeps updating them.
+    """
+
+    def __init__(self, metric: str, num_classes: int, device: torch.device):
+        self.metric = metric
+        self.num_classes = num_classes
+        width = 1 if metric == 'mae' else num_classes * num_classes
+        # [loss sum, graphs, nodes, abs error sum | confusion matrix]
+        self.sums = torch.zeros(3 + width, dtype=torch.float64,
+                                device=device)
+
+    def reset(self) -> None:
+        self.sums.zero_()
+
+    def update(self, pred: Tensor, y: Tensor, loss: Tensor, graphs: Any,
+               mask: Optional[Tensor] = None) -> None:
+        """Adds a batch (``graphs``: int or 0-d tensor, the loss weight)."""
+        pred, loss = pred.detach(), loss.detach()
+        real = pred.new_ones(y.size(0)) if mask is None else \
+            mask.to(pred.dtype)
+        head = torch.stack([loss * graphs, loss.new_zeros(()) + graphs,
+                            real.sum()]).to(self.sums.dtype)
+        self.sums[:3] += head
+        if self.metric == 'mae':
+            err = (pred.view(-1) - y.view(-1).to(pred.dtype)).abs() * real
+            self.sums[3:] += err.sum().to(self.sums.dtype)
+        else:
+            cell = y * self.num_classes + pred.argmax(dim=-1)
+            self.sums[3:].index_add_(0, cell, real.to(self.sums.dtype))
+
+    def result(self) -> Dict[str, float]:
+        """``{'loss', 'metric', 'graphs', 'nodes'}`` (one host sync)."""
+        sums = self.sums.cpu()
+        loss_sum, graphs, nodes = (float(v) for v in sums[:3])
+        rest = sums[3:]
+        if self.metric == 'mae':
+            metric = float(rest[0]) / nodes if nodes else float('nan')
+        else:
+            conf = rest.view(self.num_classes, self.num_classes)
+            if self.metric == 'accuracy':
+                metric = float(conf.trace() / conf.sum()) if nodes else \
+                    float('nan')
+            else:
+                support = conf.sum(1)
+                present = support > 0
+                metric = float((conf.diagonal()[present] /
+                                support[present]).mean()) \
+                    if bool(present.any()) else float('nan')
+        return {'loss': loss_sum / max(graphs, 1.0), 'metric': metric,
+                'graphs': graphs, 'nodes': nodes}
+
+
 # ------------------------------------------------------------------ loops
 def _sync(device: torch.device) -> None:
     if device.type == 'cuda':
         torch.cuda.synchronize(device)
 
 
+def train_step(model, optimizer, batch, cfg: Config,
+               stats: EpochStats) -> None:
+    """Forward, loss, backward, clipping, optimizer step and the metric
+    update of one batch: no host sync (and capturable) when the batch
+    brings its format (device loader)."""
+    mask = getattr(batch, 'node_mask', None)
+    pred = model(batch)
+    loss = compute_loss(cfg.model.loss_fun, pred, batch.y, mask)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if cfg.optim.clip_grad_norm:
+        torch.nn.utils.clip_grad_norm_(model.parameters(),
+                                       cfg.optim.clip_grad_norm_value)
+    optimizer.step()
+    stats.update(pred, batch.y, loss, _graph_weight(batch), mask)
+
+
+def eval_step(model, batch, cfg: Config, stats: EpochStats) -> None:
+    mask = getattr(batch, 'node_mask', None)
+    pred = model(batch)
+    loss = compute_loss(cfg.model.loss_fun, pred, batch.y, mask)
+    stats.update(pred, batch.y, loss, _graph_weight(batch), mask)
+
+
+def _graph_weight(batch) -> Any:
+    # A device tensor in device-loader batches (a captured step replays
+    # batches of different sizes), the host int of PyG's.
+    count = getattr(batch, 'graph_count', None)
+    return batch.num_graphs if count is None else count
+
+
 def run_epoch(model, loader, cfg: Config, device: torch.device,
-              optimizer=None, desc: str = '') -> Dict[str, float]:
-    """One pass over ``loader``; trains when ``optimizer`` is given."""
+              stats: EpochStats, step: Optional[Callable] = None,
+              desc: str = '') -> Dict[str, float]:
+    """One pass over ``loader``; trains when ``step`` (``step(batch)``, a
+    training step) is given, else evaluates. Nothing reads the device
+    until the pass ends."""
     from tqdm import tqdm
-    training = optimizer is not None
+    training = step is not None
     model.train(training)
-    preds: List[Tensor] = []
-    labels: List[Tensor] = []
-    total_loss = 0.0
-    graphs = nodes = 0
+    stats.reset()
     _sync(device)
     start = time.perf_counter()
     bar = tqdm(loader, desc=desc, leave=False, file=sys.stderr,
                disable=not cfg.train.progress_bar, dynamic_ncols=True)
-    compute = 0.0  # forward/backward/step only, without loading batches
+    # Compute time (steps without batch loading): CUDA events around each
+    # step on the GPU (read after the pass), host time on the CPU.
+    events: List[Tuple[Any, Any]] = []
+    compute = 0.0
     with torch.set_grad_enabled(training):
         for batch in bar:
-            batch = batch.to(device)
-            _sync(device)
-            t0 = time.perf_counter()
-            pred = model(batch)
-            y = batch.y
-            loss = compute_loss(cfg.model.loss_fun, pred, y)
+            if not isinstance(batch, GraphBatch):  # PyG DataLoader's
+                batch = batch.to(device, non_blocking=True)
+            if device.type == 'cuda':
+                events.append((torch.cuda.Event(enable_timing=True),
+                               torch.cuda.Event(enable_timing=True)))
+                events[-1][0].record()
+            else:
+                t0 = time.perf_counter()
             if training:
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                if cfg.optim.clip_grad_norm:
-                    torch.nn.utils.clip_grad_norm_(
-                        model.parameters(), cfg.optim.clip_grad_norm_value)
-                optimizer.step()
-            loss_value = loss.item()  # synchronizes like _sync
-            compute += time.perf_counter() - t0
-            total_loss += loss_value * batch.num_graphs
-            graphs += batch.num_graphs
-            nodes += batch.num_nodes
-            preds.append(pred.detach().cpu())
-            labels.append(y.detach().cpu())
-            bar.set_postfix(loss=f'{loss_value:.4f}')
+                step(batch)
+            else:
+                eval_step(model, batch, cfg, stats)
+            if device.type == 'cuda':
+                events[-1][1].record()
+            else:
+                compute += time.perf_counter() - t0
+    result = stats.result()  # waits for the pass
     _sync(device)
     seconds = time.perf_counter() - start
-    pred_all, y_all = torch.cat(preds), torch.cat(labels)
+    if events:
+        compute = sum(a.elapsed_time(b) for a, b in events) / 1e3
     return {
-        'loss': total_loss / max(graphs, 1),
-        'metric': compute_metric(cfg.metric_best, pred_all, y_all),
-        'time_s': seconds,
-        'compute_time_s': compute,
-        'graphs_per_s': graphs / seconds if seconds > 0 else float('nan'),
-        'nodes_per_s': nodes / seconds if seconds > 0 else float('nan'),
+        'loss': result['loss'], 'metric': result['metric'],
+        'time_s': seconds, 'compute_time_s': compute,
+        'graphs_per_s': result['graphs'] / seconds if seconds > 0 else
+        float('nan'),
+        'nodes_per_s': result['nodes'] / seconds if seconds > 0 else
+        float('nan'),
     }
 
 
@@ -286,6 +407,53 @@ def _is_better(metric_agg: str, new: float, old: Optional[float]) -> bool:
     return new > old if metric_agg == 'argmax' else new < old
 
 
+def use_capture(cfg: Config, device: torch.device) -> bool:
+    """Whether the training step runs as CUDA graphs (``train.capture``:
+    needs CUDA and the device loader; eager elsewhere)."""
+    if cfg.train.capture is False:
+        return False
+    ok = device.type == 'cuda' and cfg.train.loader == 'device'
+    if cfg.train.capture is True and not ok:
+        raise ConfigError("'train.capture' true needs a CUDA device and "
+                          "'train.loader' device")
+    return ok
+
+
+def make_loaders(cfg: Config, bundle, device: torch.device, model,
+                 order: torch.Generator, pad: bool = False):
+    """``(train loader, {'val': ..., 'test': ...})``: PyG ``DataLoader``s
+    (``train.loader: pyg``, collation on the host) or :class:`DeviceLoader`
+    s over the splits concatenated on ``device`` (``device``: batches built
+    there with the DF formats the model uses; ``pad``: training batches
+    padded to size buckets for a captured step). Both draw the training
+    order from ``order`` alike: the same graphs per batch."""
+    size = cfg.train.batch_size
+    if cfg.train.loader == 'pyg':
+        from torch_geometric.loader import DataLoader
+        kw = dict(batch_size=size, num_workers=cfg.train.num_workers,
+                  persistent_workers=cfg.train.num_workers > 0,
+                  pin_memory=device.type == 'cuda')
+        return (DataLoader(bundle.train, shuffle=True, generator=order,
+                           **kw),
+                {split: DataLoader(ds, shuffle=False, **kw)
+                 for split, ds in (('val', bundle.val),
+                                   ('test', bundle.test))})
+    _, glob = split_layer_type(cfg.gt.layer_type)
+    stores = {split: GraphStore(ds, device)
+              for split, ds in bundle.splits().items()}
+    width = max(s.max_graph_nodes for s in stores.values())
+    for s in stores.values():  # one dense width for every split
+        s.max_nodes = width
+    kw: Dict[str, Any] = dict(
+        dfgraph=model.local_takes_dfgraph and stores['train'].sorted,
+        attention=cfg.backend == 'dfgnn' and glob == 'Transformer')
+    train_loader = DeviceLoader(stores['train'], size, shuffle=True,
+                                generator=order, pad=pad,
+                                num_slots=size if pad else None, **kw)
+    return train_loader, {split: DeviceLoader(stores[split], size, **kw)
+                          for split in ('val', 'test')}
+
+
 def count_parameters(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
@@ -304,8 +472,6 @@ def train(cfg: Config, resume: bool = False, bundle=None,
             this call; for testing ``resume``.
         log: where the table rows go.
     """
-    from torch_geometric.loader import DataLoader
-
     from pyg_dfgnn.datasets import build_datasets
     from pyg_dfgnn.train.model import build_model
 
@@ -326,7 +492,8 @@ def train(cfg: Config, resume: bool = False, bundle=None,
                         bundle.num_node_types,
                         getattr(bundle, 'dim_edge', None),
                         getattr(bundle, 'num_edge_types', None)).to(device)
-    optimizer = make_optimizer(cfg, model.parameters())
+    capture = use_capture(cfg, device)
+    optimizer = make_optimizer(cfg, model.parameters(), capture)
     scheduler = make_scheduler(cfg, optimizer)
 
     out = run_dir(cfg)
@@ -358,14 +525,17 @@ def train(cfg: Config, resume: bool = False, bundle=None,
         f.write(dump_config(cfg))
 
     order = torch.Generator()
-    loader_kw = dict(batch_size=cfg.train.batch_size,
-                     num_workers=cfg.train.num_workers,
-                     persistent_workers=cfg.train.num_workers > 0)
-    train_loader = DataLoader(bundle.train, shuffle=True, generator=order,
-                              **loader_kw)
-    eval_loaders = {split: DataLoader(ds, shuffle=False, **loader_kw)
-                    for split, ds in (('val', bundle.val),
-                                      ('test', bundle.test))}
+    train_loader, eval_loaders = make_loaders(cfg, bundle, device, model,
+                                              order, capture)
+    stats = {split: EpochStats(cfg.metric_best, bundle.dim_out, device)
+             for split in ('train', 'val', 'test')}
+
+    def step(batch) -> None:
+        train_step(model, optimizer, batch, cfg, stats['train'])
+
+    if capture:
+        from pyg_dfgnn.train.capture import CapturedStep
+        step = CapturedStep(step, optimizer)
 
     fused = None  # whether the DF convs run the fused CUDA kernels
     if cfg.backend == 'dfgnn' and device.type == 'cuda':
@@ -395,9 +565,9 @@ def train(cfg: Config, resume: bool = False, bundle=None,
     done = 0
     for epoch in range(start_epoch, cfg.optim.max_epoch):
         order.manual_seed(cfg.seed * 1_000_003 + epoch)
-        lr = optimizer.param_groups[0]['lr']
-        tr = run_epoch(model, train_loader, cfg, device, optimizer,
-                       desc=f'epoch {epoch} train')
+        lr = float(optimizer.param_groups[0]['lr'])
+        tr = run_epoch(model, train_loader, cfg, device, stats['train'],
+                       step, desc=f'epoch {epoch} train')
         scheduler.step()
         row: Dict[str, Any] = {
             'epoch': epoch, 'train_loss': tr['loss'],
@@ -411,7 +581,7 @@ def train(cfg: Config, resume: bool = False, bundle=None,
         if (epoch + 1) % cfg.train.eval_period == 0 or last:
             eval_time = 0.0
             for split, loader in eval_loaders.items():
-                ev = run_epoch(model, loader, cfg, device,
+                ev = run_epoch(model, loader, cfg, device, stats[split],
                                desc=f'epoch {epoch} {split}')
                 row[f'{split}_loss'] = ev['loss']
                 row[f'{split}_metric'] = ev['metric']

@@ -1,0 +1,468 @@
+r"""GPU-resident graphs: a dataset concatenated once on the device, batches
+built there from graph ids by a few vectorised ops.
+
+PyG's ``DataLoader`` collates every batch on the host, graph by graph, and
+copies it to the device; the DF convs then build the batch's CSR / CSC on the
+device with host syncs. :class:`GraphStore` instead keeps every graph of a
+split on the device (node and edge tensors concatenated, edge indices local
+to their graph, the per-graph CSC order precomputed) and sizes on the host.
+A batch of graph ids then costs host arithmetic on ``B`` sizes and gathers on
+the device, with no host sync and no host-to-device copy:
+
+* node / edge / graph attributes: range gathers (``repeat_interleave`` with
+  host-known ``output_size``), ``edge_index`` shifted by the node offsets,
+  the ``batch`` vector and ``ptr`` - the same tensors as PyG's collation;
+* ``dfgraph``: the batch's :class:`~pyg_dfgnn.DFGraph` (CSR, CSC, the
+  graph-aligned windows of the kernels' shared-memory staging, degree
+  bounds), so that the convs read no sizes from the device;
+* ``attn_graph`` (optional): the block-diagonal complete graph of the batch
+  (every node attends to the nodes of its graph), for GPS's global attention
+  through the fused op instead of padding every graph to the largest;
+* padding (optional, for a captured step): nodes and edges rounded up to a
+  few size buckets. Padding nodes form a segment after the real nodes and
+  carry only self-loops (no edge touches a real node); ``node_mask`` marks
+  the real nodes, so that loss, metrics and batch-norm statistics skip them.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from pyg_dfgnn.graph import DFGraph
+
+_INT32_MAX = 2**31 - 1
+
+
+class BatchGraph(DFGraph):
+    r"""A :class:`~pyg_dfgnn.DFGraph` of a batch of disjoint graphs whose
+    structure is known without reading the device: CSR and CSC given, the
+    kernels' row and column windows are the graph boundaries (``bounds``),
+    reading at most ``span`` nodes each, and the degrees are bounded by the
+    dataset's. Nothing about it needs a host sync."""
+
+    def __init__(self, rowptr: Tensor, col: Tensor, csc: Tuple[Tensor, Tensor,
+                                                             Tensor],
+                 bounds: Tensor, span: int, max_in_degree: int,
+                 max_out_degree: int) -> None:
+        super().__init__(rowptr, col, rowptr.numel() - 1,
+                         max_in_degree=max_in_degree)
+        self._csc = csc
+        self._max_out_degree = int(max_out_degree)
+        self._bounds, self._span = bounds, int(span)
+
+    def _cached_windows(self, which: str, max_nodes: int,
+                        pack_rows: int) -> Tuple[Optional[Tensor], int]:
+        # Graphs are contiguous in both orders: the same windows serve the
+        # rows (destinations) and the columns (sources); none when a graph
+        # does not fit the staging capacity (the kernels then read global
+        # memory, as for an unstructured graph).
+        if self._span < 1 or self._span > max_nodes:
+            return None, 0
+        return self._bounds, self._span
+
+
+class GraphBatch:
+    r"""A batch built by :class:`GraphStore`: the attributes of PyG's
+    ``Batch`` (``x``, ``y``, ``edge_index``, ``batch``, ``ptr``, ...) plus
+
+    * ``dfgraph`` (:class:`BatchGraph`): the local graph's format;
+    * ``attn_graph`` (:class:`BatchGraph`, optional): the block-diagonal
+      complete graph;
+    * ``node_mask`` (bool [N], or ``None`` without padding);
+    * ``max_num_nodes`` (int): the dense width of the padded-attention
+      layout, ``dense_index`` [N] (node -> row ``b * max_num_nodes + i``,
+      padding nodes -> row ``num_slots * max_num_nodes``) and
+      ``num_slots`` (graph slots of that layout);
+    * ``num_graphs`` (int, real graphs), ``num_real_nodes`` (int),
+      ``graph_count`` (0-d float tensor, ``num_graphs`` on the device).
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.__dict__.update(kwargs)
+
+    @property
+    def num_nodes(self) -> int:
+        return self.batch.numel()
+
+    def keys(self) -> List[str]:
+        return list(self.__dict__)
+
+    def __repr__(self) -> str:
+        parts = []
+        for k, v in self.__dict__.items():
+            if isinstance(v, Tensor):
+                parts.append(f'{k}={list(v.shape)}')
+            elif isinstance(v, (int, float)):
+                parts.append(f'{k}={v}')
+        return f'GraphBatch({", ".join(parts)})'
+
+
+def bucket(n: int, steps: int = 8) -> int:
+    """``n`` rounded up to one of ``steps`` sizes per power of two (so at
+    most ``1 / steps`` of padding, and few distinct sizes)."""
+    if n <= steps:
+        return max(int(n), 1)
+    q = 1 << max(0, int(n - 1).bit_length() - 1 - int(math.log2(steps)))
+    return -(-int(n) // q) * q
+
+
+def _collated(dataset) -> Tuple[Any, Dict[str, Tensor]]:
+    """``(data, slices)`` of a dataset: an ``InMemoryDataset``'s own storage
+    when it is a plain one (no index subset, no transform), else PyG's
+    collation of its graphs (once, at build time)."""
+    from torch_geometric.data import InMemoryDataset
+    from torch_geometric.data.collate import collate
+    if isinstance(dataset, InMemoryDataset) and dataset._indices is None \
+            and dataset.transform is None and dataset.slices is not None:
+        return dataset._data, dataset.slices
+    graphs = [dataset[i] for i in range(len(dataset))]
+    data, slices, _ = collate(graphs[0].__class__, graphs, increment=False,
+                              add_batch=False)
+    return data, slices
+
+
+def _plain(t: Tensor) -> Tensor:
+    return t.as_tensor() if hasattr(t, 'as_tensor') else t
+
+
+def _ranges(starts: Tensor, counts: Tensor, total: int) -> Tuple[Tensor,
+                                                                 Tensor]:
+    """For segments ``[starts[b], starts[b] + counts[b])`` (device): the
+    concatenated indices [total] and the segment of each."""
+    seg = torch.repeat_interleave(
+        torch.arange(counts.numel(), device=counts.device), counts,
+        output_size=total)
+    offset = counts.cumsum(0) - counts
+    idx = torch.arange(total, device=counts.device) + (starts -
+                                                       offset).index_select(
+                                                           0, seg)
+    return idx, seg
+
+
+class GraphStore:
+    r"""The graphs of one dataset split, concatenated once on ``device``;
+    :meth:`batch` builds a :class:`GraphBatch` from graph ids.
+
+    Args:
+        dataset: a PyG dataset (``InMemoryDataset`` or a list of ``Data``)
+            with ``x``; edges of each graph sorted by destination
+            (``ToDFGNNFormat``) for ``dfgraph``.
+        device: where the graphs live.
+        max_nodes (int, optional): dense width of the padded attention
+            layout (default: the largest graph).
+    """
+
+    def __init__(self, dataset, device: Any,
+                 max_nodes: Optional[int] = None) -> None:
+        data, slices = _collated(dataset)
+        self.device = device = torch.device(device)
+        if 'x' not in slices or 'edge_index' not in slices:
+            raise ValueError("the device loader needs graphs with 'x' and "
+                             "'edge_index'")
+        node_ptr = slices['x'].to(torch.int64)
+        edge_ptr = slices['edge_index'].to(torch.int64)
+        self.num_graphs = node_ptr.numel() - 1
+        # Host-side sizes: a batch's totals are sums over B of them.
+        self.num_nodes_host = node_ptr.diff()
+        self.num_edges_host = edge_ptr.diff()
+        g_of_edge = torch.repeat_interleave(
+            torch.arange(self.num_graphs), self.num_edges_host)
+        ei = _plain(data.edge_index).to(torch.int64)
+        src = ei[0] + node_ptr[g_of_edge]
+        dst = ei[1] + node_ptr[g_of_edge]
+        n_total = int(node_ptr[-1])
+        self.sorted = bool((dst[1:] >= dst[:-1]).all()) if dst.numel() > 1 \
+            else True
+        in_deg = torch.bincount(dst, minlength=n_total)
+        out_deg = torch.bincount(src, minlength=n_total)
+        self.max_in_degree = int(in_deg.max()) if n_total else 0
+        self.max_out_degree = int(out_deg.max()) if n_total else 0
+        self.max_graph_nodes = int(self.num_nodes_host.max()) \
+            if self.num_graphs else 0
+        self.max_nodes = max(self.max_graph_nodes, int(max_nodes or 0))
+        # CSC by source of the whole (disjoint) dataset: a graph's CSC
+        # entries occupy the same positions as its CSR edges.
+        csc_perm = torch.sort(src, stable=True)[1]
+        local_edge = csc_perm - edge_ptr[g_of_edge]
+        small = max(self.max_graph_nodes, int(self.num_edges_host.max())
+                    if self.num_graphs else 0) <= _INT32_MAX
+        idx = torch.int32 if small else torch.int64
+
+        def dev(t: Tensor) -> Tensor:
+            return t.to(device)
+
+        self._node_ptr = dev(node_ptr[:-1])
+        self._edge_ptr = dev(edge_ptr[:-1])
+        self._n_count = dev(self.num_nodes_host)
+        self._e_count = dev(self.num_edges_host)
+        self._src = dev(ei[0].to(idx))
+        self._dst = dev(ei[1].to(idx))
+        self._in_deg = dev(in_deg)
+        self._out_deg = dev(out_deg)
+        self._csc_edge = dev(local_edge.to(idx))
+        self._csc_dst = dev(ei[1][csc_perm].to(idx))
+        # Every other attribute: gathered by its own slices (node-, edge-
+        # and graph-level alike), along its concatenation dimension 0.
+        self._attrs: Dict[str, Tuple[Tensor, Tensor, Tensor, Tensor]] = {}
+        for key, ptr in slices.items():
+            value = data[key]
+            if key == 'edge_index' or not isinstance(value, Tensor):
+                continue
+            inc = data.__inc__(key, value)
+            if data.__cat_dim__(key, value) != 0 or isinstance(
+                    inc, Tensor) or inc:
+                raise ValueError(
+                    f"the device loader cannot batch attribute {key!r} "
+                    f"(concatenated along another dimension or "
+                    f"incremented); use train.loader=pyg")
+            ptr = ptr.to(torch.int64)
+            counts = ptr.diff()
+            self._attrs[key] = (dev(_plain(value).reshape(
+                (-1, ) + tuple(value.shape[1:]))), dev(ptr[:-1]), counts,
+                dev(counts))
+        # Attributes padded with the nodes / edges (sliced like them).
+        self._node_keys = [k for k, a in self._attrs.items()
+                           if torch.equal(a[2], self.num_nodes_host)]
+        self._edge_keys = [k for k, a in self._attrs.items()
+                           if torch.equal(a[2], self.num_edges_host)
+                           and k not in self._node_keys]
+
+    def __len__(self) -> int:
+        return self.num_graphs
+
+    # ------------------------------------------------------------------ sizes
+    def sizes(self, ids: Tensor) -> Tuple[int, int, int]:
+        """``(nodes, edges, attention edges)`` of the graphs ``ids`` (a CPU
+        tensor): host arithmetic only."""
+        n = self.num_nodes_host.index_select(0, ids)
+        e = self.num_edges_host.index_select(0, ids)
+        return int(n.sum()), int(e.sum()), int((n * n).sum())
+
+    def padded_sizes(self, ids: Tensor, attention: bool,
+                     steps: int = 8) -> Tuple[int, int, int]:
+        """``(N, E, E_att)`` rounded up to size buckets, with enough padding
+        nodes (at least one) to carry the padding edges as self-loops of at
+        most the dataset's degrees."""
+        n, e, ea = self.sizes(ids)
+        e_pad = bucket(e, steps)
+        ea_pad = bucket(ea, steps) if attention else 0
+        need = max(1, -(-(e_pad - e) // max(1, self.max_in_degree)))
+        if attention:
+            need = max(need, -(-(ea_pad - ea) // max(1, self.max_nodes)))
+        return bucket(n + need, steps), e_pad, ea_pad
+
+    # ------------------------------------------------------------------ batch
+    def batch(self, ids: Tensor, ids_device: Optional[Tensor] = None, *,
+              dfgraph: bool = True, attention: bool = False,
+              pad: bool = False, num_slots: Optional[int] = None,
+              steps: int = 8) -> GraphBatch:
+        r"""The batch of graphs ``ids``.
+
+        Args:
+            ids (Tensor): graph ids (CPU int64; its sizes are read on the
+                host).
+            ids_device (Tensor, optional): the same ids on the device (a
+                slice of an epoch's permutation uploaded once); copied from
+                ``ids`` when not given.
+            dfgraph (bool): build ``dfgraph`` (needs destination-sorted
+                edges).
+            attention (bool): build ``attn_graph``.
+            pad (bool): pad nodes and edges to size buckets
+                (:meth:`padded_sizes`).
+            num_slots (int, optional): graph slots of the window and dense
+                layouts (fixed across batches for a captured step; default:
+                the number of graphs).
+            steps (int): bucket sizes per power of two.
+        """
+        dev = self.device
+        ids = ids.to(torch.int64)
+        b = ids.numel()
+        if ids_device is None:
+            ids_device = ids.to(dev)
+        slots = b if num_slots is None else int(num_slots)
+        if slots < b:
+            raise ValueError(f'num_slots ({slots}) < graphs ({b})')
+        n, e, ea = self.sizes(ids)
+        if pad:
+            n_pad, e_pad, ea_pad = self.padded_sizes(ids, attention, steps)
+        else:
+            n_pad, e_pad, ea_pad = n, e, ea
+        ids_d = ids_device
+        cnt = self._n_count.index_select(0, ids_d)
+        ecnt = self._e_count.index_select(0, ids_d)
+        off = cnt.cumsum(0) - cnt
+        node_idx, batch = _ranges(self._node_ptr.index_select(0, ids_d), cnt,
+                                  n)
+        edge_idx, eg = _ranges(self._edge_ptr.index_select(0, ids_d), ecnt, e)
+        shift = off.index_select(0, eg)
+        src = self._src.index_select(0, edge_idx).to(torch.int64) + shift
+        dst = self._dst.index_select(0, edge_idx).to(torch.int64) + shift
+        out: Dict[str, Any] = {}
+        for key, (value, ptr, counts, counts_d) in self._attrs.items():
+            total = int(counts.index_select(0, ids).sum())
+            idx, _ = _ranges(ptr.index_select(0, ids_d),
+                             counts_d.index_select(0, ids_d), total)
+            out[key] = value.index_select(0, idx)
+        ptr = torch.cat([off, off.new_full((1, ), n)])
+        n_extra, e_extra = n_pad - n, e_pad - e
+        node_mask = None
+        if pad:
+            node_mask = torch.arange(n_pad, device=dev) < n
+            for keys, extra in ((self._node_keys, n_extra),
+                                (self._edge_keys, e_extra)):
+                for key in keys:  # zero rows
+                    v = out[key]
+                    out[key] = torch.cat(
+                        [v, v.new_zeros((extra, ) + tuple(v.shape[1:]))])
+            pad_deg, loops = _pad_loops(n, n_extra, e_extra, dev)
+            src = torch.cat([src, loops])
+            dst = torch.cat([dst, loops])
+            batch = torch.cat([batch, batch.new_full((n_extra, ), slots)])
+        out['edge_index'] = torch.stack([src, dst])
+        out['batch'] = batch
+        out['ptr'] = ptr
+        # Window bounds: graph starts, empty windows for unused slots, then
+        # the padding segment (empty without padding).
+        bounds = torch.cat([off, off.new_full((slots - b + 1, ), n),
+                            off.new_full((1, ), n_pad)])
+        idx_dtype = self._src.dtype
+        if dfgraph:
+            if not self.sorted:
+                raise ValueError("the device loader's 'dfgraph' needs edges "
+                                 "sorted by destination (dataset."
+                                 "dfgnn_format: true)")
+            deg = self._in_deg.index_select(0, node_idx)
+            odeg = self._out_deg.index_select(0, node_idx)
+            eoff = ecnt.cumsum(0) - ecnt
+            csc_perm = self._csc_edge.index_select(0, edge_idx).to(
+                torch.int64) + eoff.index_select(0, eg)
+            csc_row = self._csc_dst.index_select(0, edge_idx).to(
+                torch.int64) + shift
+            if pad:  # padding self-loops: the same order in CSR and CSC
+                deg = torch.cat([deg, pad_deg])
+                odeg = torch.cat([odeg, pad_deg])
+                csc_perm = torch.cat([csc_perm, torch.arange(
+                    e, e_pad, device=dev)])
+                csc_row = torch.cat([csc_row, loops])
+            rowptr = torch.cat([deg.new_zeros(1), deg.cumsum(0)])
+            colptr = torch.cat([odeg.new_zeros(1), odeg.cumsum(0)])
+            out['dfgraph'] = BatchGraph(
+                rowptr, src.to(idx_dtype),
+                (colptr, csc_row.to(idx_dtype), csc_perm.to(idx_dtype)),
+                bounds, self.max_graph_nodes, self.max_in_degree,
+                self.max_out_degree)
+        if attention:
+            out['attn_graph'] = self._attention_graph(
+                cnt, off, batch[:n], n, ea, n_extra, ea_pad - ea, bounds,
+                idx_dtype)
+        # Padded-attention layout (pyg backend): node -> dense row.
+        if pad:
+            width = self.max_nodes
+        else:
+            width = int(self.num_nodes_host.index_select(0, ids).max()) \
+                if b else 1
+        local = torch.arange(n, device=dev) - off.index_select(0, batch[:n])
+        dense_index = batch[:n] * width + local
+        if pad:
+            dense_index = torch.cat([dense_index, dense_index.new_full(
+                (n_extra, ), slots * width)])
+        out['dense_index'] = dense_index
+        return GraphBatch(**out, node_mask=node_mask, max_num_nodes=width,
+                          num_slots=slots, num_graphs=b, num_real_nodes=n,
+                          graph_count=torch.full((), float(b), device=dev))
+
+    def _attention_graph(self, cnt: Tensor, off: Tensor, batch: Tensor,
+                         n: int, ea: int, n_extra: int, ea_extra: int,
+                         bounds: Tensor, idx_dtype: torch.dtype) -> BatchGraph:
+        """The block-diagonal complete graph: CSR row ``i`` of graph ``g``
+        holds all nodes of ``g`` in order; it is symmetric, so its CSC has
+        the same pointers and CSC entry (source ``s``, destination ``d``) is
+        CSR edge ``(d, s)``."""
+        dev = self.device
+        acnt = cnt * cnt
+        aoff = acnt.cumsum(0) - acnt
+        ag = torch.repeat_interleave(torch.arange(cnt.numel(), device=dev),
+                                     acnt, output_size=ea)
+        size = cnt.index_select(0, ag)
+        local = torch.arange(ea, device=dev) - aoff.index_select(0, ag)
+        hi = local.div(size, rounding_mode='floor')
+        lo = local - hi * size
+        # CSR entry (destination hi, source lo); CSC entry (source hi,
+        # destination lo) is CSR edge (lo, hi).
+        col = lo + off.index_select(0, ag)
+        csc_perm = aoff.index_select(0, ag) + lo * size + hi
+        node_local = torch.arange(n, device=dev) - off.index_select(0, batch)
+        starts = aoff.index_select(0, batch) + node_local * cnt.index_select(
+            0, batch)
+        rowptr = torch.cat([starts, acnt.new_full((1, ), ea)])
+        csc_row = col
+        if n_extra:
+            deg, node = _pad_loops(n, n_extra, ea_extra, dev)
+            col = torch.cat([col, node])
+            csc_row = col
+            csc_perm = torch.cat([csc_perm, torch.arange(
+                ea, ea + ea_extra, device=dev)])
+            rowptr = torch.cat([starts, ea + torch.cat([
+                deg.new_zeros(1), deg.cumsum(0)])])
+        return BatchGraph(rowptr, col.to(idx_dtype),
+                          (rowptr, csc_row.to(idx_dtype),
+                           csc_perm.to(idx_dtype)),
+                          bounds, self.max_graph_nodes, self.max_nodes,
+                          self.max_nodes)
+
+
+def _pad_loops(start: int, n_extra: int, e_extra: int,
+               device: torch.device) -> Tuple[Tensor, Tensor]:
+    """Padding edges as self-loops of the padding nodes ``start ..
+    start + n_extra`` (destination-sorted, ``ceil(e_extra / n_extra)`` per
+    node at most): ``(in-degree of each padding node, node of each edge)``.
+    """
+    per_node = max(1, -(-e_extra // max(1, n_extra)))
+    node = torch.arange(e_extra, device=device).div(per_node,
+                                                    rounding_mode='floor')
+    deg = torch.zeros(n_extra, dtype=torch.int64, device=device)
+    deg.index_add_(0, node, torch.ones_like(node))
+    return deg, node + start
+
+
+class DeviceLoader:
+    r"""Batches of a :class:`GraphStore` in PyG ``DataLoader``'s order: the
+    same ``torch.randperm(n, generator=generator)`` for ``shuffle=True``, so
+    both loaders give the same graphs per batch for the same generator.
+
+    The epoch's permutation is uploaded once; every batch then slices it on
+    the device and its sizes on the host.
+    """
+
+    def __init__(self, store: GraphStore, batch_size: int,
+                 shuffle: bool = False,
+                 generator: Optional[torch.Generator] = None,
+                 **batch_kwargs: Any) -> None:
+        self.store, self.batch_size = store, int(batch_size)
+        self.shuffle, self.generator = shuffle, generator
+        self.batch_kwargs = batch_kwargs
+
+    def __len__(self) -> int:
+        return -(-len(self.store) // self.batch_size)
+
+    def order(self) -> Tensor:
+        n = len(self.store)
+        # DataLoader's iterator first draws its workers' base seed from the
+        # generator (the global one without): drawn alike, the two loaders
+        # leave the RNGs in the same state.
+        torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+        if self.shuffle:
+            return torch.randperm(n, generator=self.generator)
+        return torch.arange(n)
+
+    def __iter__(self):
+        order = self.order()
+        order_dev = order.to(self.store.device)
+        for start in range(0, order.numel(), self.batch_size):
+            ids = order[start:start + self.batch_size]
+            yield self.store.batch(
+                ids, order_dev[start:start + self.batch_size],
+                **self.batch_kwargs)
