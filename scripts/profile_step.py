@@ -1,110 +1,135 @@
-"""Where a training step's time goes, per backend (GPU): the same config,
-model and batches as the runner, timed in phases (load, to(device),
-forward, backward, optimizer) with a sync after each, then the host ops
-with the most self time (torch.profiler) and the number of host syncs.
+"""Where a training step's time goes (GPU), per variant of the runner: the
+same config, model and batches as the runner, free-running ms per step
+(batch building included, one sync at the end), GPU kernel time per step
+(torch.profiler), the GPU busy fraction (kernel time / wall time) and the
+host syncs / copies per step.
 
-    python scripts/profile_step.py --cfg configs/pattern-gat.yaml \
-        [--size 2000] [--steps 40] [key=value ...]
+Variants: ``pyg`` (PyG backend, PyG DataLoader, eager: as GraphGPS runs
+it), ``pyg-runner`` (PyG backend, device loader, captured step),
+``dfgnn-eager`` (device loader, eager), ``dfgnn`` (device loader, captured).
+
+    python scripts/profile_step.py --cfg configs/pattern-gps.yaml \
+        [--size 2000] [--steps 40] [--json out.json] [key=value ...]
 """
 import argparse
+import json
 import os
 import sys
 import time
-from collections import defaultdict
 
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+VARIANTS = {
+    'pyg': ['backend=pyg', 'train.loader=pyg', 'train.capture=false'],
+    'pyg-runner': ['backend=pyg', 'train.loader=device',
+                   'train.capture=true'],
+    'dfgnn-eager': ['backend=dfgnn', 'train.loader=device',
+                    'train.capture=false'],
+    'dfgnn': ['backend=dfgnn', 'train.loader=device', 'train.capture=true'],
+}
+SYNC_KEYS = ('cudaStreamSynchronize', 'cudaDeviceSynchronize', 'aten::item',
+             'aten::_local_scalar_dense', 'aten::nonzero', 'cudaMemcpyAsync')
+
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument('--cfg', default='configs/pattern-gat.yaml')
+    p.add_argument('--cfg', default='configs/pattern-gps.yaml')
     p.add_argument('--size', type=int, default=2000)
     p.add_argument('--steps', type=int, default=40)
     p.add_argument('--profile-steps', type=int, default=8)
+    p.add_argument('--variants', default=','.join(VARIANTS))
+    p.add_argument('--json', default=None)
     p.add_argument('overrides', nargs='*')
     args = p.parse_args()
-    from torch_geometric.loader import DataLoader
+    from torch.profiler import ProfilerActivity, profile
 
     from pyg_dfgnn.datasets import build_datasets
+    from pyg_dfgnn.train.capture import CapturedStep
     from pyg_dfgnn.train.config import load_config
     from pyg_dfgnn.train.model import build_model
-    from pyg_dfgnn.train.runner import compute_loss, make_optimizer
+    from pyg_dfgnn.train.runner import (EpochStats, make_loaders,
+                                        make_optimizer, train_step,
+                                        use_capture)
 
     dev = torch.device('cuda')
-    for backend in ('pyg', 'dfgnn'):
-        cfg = load_config(args.cfg, [f'backend={backend}',
-                                     f'dataset.size={args.size}',
-                                     'train.num_workers=0'] + args.overrides)
-        bundle = build_datasets(cfg)
+    rows = []
+    bundle = None
+    for name in args.variants.split(','):
+        cfg = load_config(args.cfg, [f'dataset.size={args.size}',
+                                     'train.num_workers=0'] +
+                          VARIANTS[name] + args.overrides)
+        if bundle is None:
+            bundle = build_datasets(cfg)
         torch.manual_seed(0)
         model = build_model(cfg, bundle.dim_in, bundle.dim_out,
-                            bundle.num_node_types).to(dev)
-        opt = make_optimizer(cfg, model.parameters())
-        loader = DataLoader(bundle.train, batch_size=cfg.train.batch_size,
-                            shuffle=True)
-        phases = defaultdict(float)
+                            bundle.num_node_types, bundle.dim_edge,
+                            bundle.num_edge_types).to(dev)
+        capture = use_capture(cfg, dev)
+        opt = make_optimizer(cfg, model.parameters(), capture)
+        loader, _ = make_loaders(cfg, bundle, dev, model, torch.Generator(),
+                                 capture)
+        stats = EpochStats(cfg.metric_best, bundle.dim_out, dev)
+        model.train()
 
-        def step(batch, timed):
-            t = time.perf_counter()
+        def step(batch):
+            train_step(model, opt, batch, cfg, stats)
 
-            def mark(name):
-                nonlocal t
-                if timed:
-                    torch.cuda.synchronize()
-                    now = time.perf_counter()
-                    phases[name] += now - t
-                    t = now
-            batch = batch.to(dev)
-            mark('to(device)')
-            pred = model(batch)
-            loss = compute_loss(cfg.model.loss_fun, pred, batch.y)
-            mark('forward+loss')
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            mark('backward')
-            if cfg.optim.clip_grad_norm:
-                torch.nn.utils.clip_grad_norm_(model.parameters(),
-                                               cfg.optim.clip_grad_norm_value)
-            opt.step()
-            mark('clip+step')
-            return loss
+        run = CapturedStep(step, opt) if capture else step
 
-        it = iter(loader)
-        batches = [next(it) for _ in range(args.steps + 10)]
-        for b in batches[:10]:  # warm-up (kernel loads, caches)
-            step(b, False)
+        def batches(n):
+            done = 0
+            while True:
+                for batch in loader:
+                    if done == n:
+                        return
+                    if cfg.train.loader == 'pyg':
+                        batch = batch.to(dev, non_blocking=True)
+                    yield batch
+                    done += 1
+
+        for b in batches(args.steps):  # warm-up: kernels, captures
+            run(b)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        for b in batches[10:]:
-            step(b, False).item()
+        for b in batches(args.steps):
+            run(b)
         torch.cuda.synchronize()
-        free_run = (time.perf_counter() - t0) / args.steps * 1e3
-        for b in batches[10:]:
-            step(b, True)
-        print(f'\n== {backend}: {cfg.gt.layer_type} x{cfg.gt.layers}, batch '
-              f'{cfg.train.batch_size}; ms per step: free-running '
-              f'{free_run:.2f} (loss.item() per step, as the runner)')
-        for name, s in phases.items():
-            print(f'   {name:14s} {s / args.steps * 1e3:8.2f} (synced)')
-        from torch.profiler import ProfilerActivity, profile
+        wall = (time.perf_counter() - t0) / args.steps * 1e3
         with profile(activities=[ProfilerActivity.CPU,
                                  ProfilerActivity.CUDA]) as prof:
-            for b in batches[10:10 + args.profile_steps]:
-                step(b, False).item()
-        table = prof.key_averages().table(sort_by='self_cpu_time_total',
-                                          row_limit=25, max_name_column_width=48)
-        print(table)
-        syncs = [e for e in prof.key_averages()
-                 if e.key in ('cudaStreamSynchronize', 'cudaDeviceSynchronize',
-                              'cudaMemcpyAsync', 'aten::item',
-                              'aten::_local_scalar_dense', 'aten::nonzero')]
-        for e in syncs:
-            print(f'   {e.key:28s} calls/step {e.count / args.profile_steps:6.1f}'
-                  f'  self cpu us/step '
-                  f'{e.self_cpu_time_total / args.profile_steps:8.1f}')
+            for b in batches(args.profile_steps):
+                run(b)
+            torch.cuda.synchronize()
+        events = prof.key_averages()
+        kernel_us = sum(e.self_device_time_total for e in events
+                        if e.device_type == torch.autograd.DeviceType.CUDA)
+        gpu = kernel_us / args.profile_steps / 1e3
+        counts = {e.key: e.count / args.profile_steps for e in events
+                  if e.key in SYNC_KEYS}
+        row = {'variant': name, 'layer_type': cfg.gt.layer_type,
+               'batch_size': cfg.train.batch_size, 'ms_per_step': wall,
+               'gpu_ms_per_step': gpu, 'gpu_busy': gpu / wall,
+               'per_step': counts}
+        rows.append(row)
+        print(f'\n== {name}: {cfg.gt.layer_type} x{cfg.gt.layers}, batch '
+              f'{cfg.train.batch_size}: {wall:.2f} ms/step free-running, '
+              f'GPU kernels {gpu:.2f} ms/step, busy {gpu / wall:.0%}')
+        for key, c in sorted(counts.items()):
+            print(f'   {key:28s} calls/step {c:6.1f}')
+        print(events.table(sort_by='self_device_time_total', row_limit=12,
+                           max_name_column_width=48))
+        del model, opt, loader, run
+        torch.cuda.empty_cache()
+    print(f"\n{'variant':12s} {'ms/step':>8s} {'GPU ms':>8s} {'busy':>6s}")
+    for r in rows:
+        print(f"{r['variant']:12s} {r['ms_per_step']:8.2f} "
+              f"{r['gpu_ms_per_step']:8.2f} {r['gpu_busy']:6.0%}")
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(rows, f, indent=2)
 
 
 if __name__ == '__main__':

@@ -265,7 +265,9 @@ def test_bench_e2e_runs_both_backends(tmp_path, capsys):
     assert 'speedup' in text and 'dfgnn' in text
     with open(out_dir / 'e2e-b-cpu.json') as f:
         res = json.load(f)
-    assert set(res['runs']) == {'pyg', 'dfgnn'}
+    assert set(res['runs']) == {'pyg', 'pyg-runner', 'dfgnn'}
+    assert res['summary']['pyg']['loader'] == 'pyg'
+    assert res['summary']['dfgnn']['loader'] == 'device'
     assert res['epochs'] == 2
     assert len(res['runs']['dfgnn']['history']) == 2
     assert res['speedup_epoch_time'] > 0

@@ -1,20 +1,26 @@
-"""End-to-end comparison: one config trained with ``backend: pyg`` and
-``backend: dfgnn`` for the same epochs on the same generated data.
+"""End-to-end comparison: one config trained three ways for the same epochs
+on the same generated data:
+
+* ``pyg`` - the PyG backend as GraphGPS runs it: eager, PyG ``DataLoader``
+  (host collation, ``train.loader=pyg``);
+* ``pyg-runner`` - the PyG backend with every runner improvement that
+  applies to it: device-resident batches (``train.loader=device``) and, on
+  CUDA, the captured step (``train.capture=true``);
+* ``dfgnn`` - our backend with all of them (fused local convs, fused global
+  attention over the block-diagonal graph, device batches, captured step).
+
+``dfgnn`` vs ``pyg`` is what a GraphGPS user gains; ``dfgnn`` vs
+``pyg-runner`` what our convs and attention buy on top of the runner.
 
 Prints per-epoch training time, throughput and validation metric side by side
-and writes ``<out>/e2e-<name>-<device>.json`` with both runs' histories and a
-summary (median epoch time without the first, warm-up epoch; speed-up;
+and writes ``<out>/e2e-<name>-<device>.json`` with the runs' histories and a
+summary (median epoch time without the first, warm-up epoch; speed-ups;
 final/best metrics).
 
 Two times are reported per epoch: ``epoch_time_s`` (the whole training pass,
-batch collation included) and ``compute_time_s`` (forward + backward +
-optimizer step only). Both backends share everything but the DF convs (the
-global attention, FFN and norms are the same modules), so the end-to-end
-speed-up is bounded by the share of time the local convs take; the
-``pattern-gat`` / ``pattern-gt`` configs (local layers only) show the conv
-speed-up more directly. Use ``--epochs 3`` or more (the first epoch is
-excluded from the medians) and ``train.num_workers=4`` on a GPU machine so
-that batch collation overlaps with compute.
+batch building included) and ``compute_time_s`` (the steps: CUDA-event time
+on the GPU). Use ``--epochs 3`` or more (the first epoch, which also
+captures the step's graphs, is excluded from the medians).
 """
 from __future__ import annotations
 
@@ -27,7 +33,13 @@ from typing import Any, Dict, List, Optional
 
 from pyg_dfgnn.train.config import load_config
 
-BACKENDS = ('pyg', 'dfgnn')
+#: name -> overrides of the variants compared (``capture`` only on CUDA).
+VARIANTS = {
+    'pyg': ['backend=pyg', 'train.loader=pyg', 'train.capture=false'],
+    'pyg-runner': ['backend=pyg', 'train.loader=device'],
+    'dfgnn': ['backend=dfgnn', 'train.loader=device'],
+}
+
 
 
 def _median_epoch_time(history: List[Dict[str, Any]],
@@ -41,29 +53,35 @@ def bench_e2e(cfg_path: str, epochs: int,
               overrides: Optional[List[str]] = None,
               out_dir: str = 'benchmarks/results',
               log=print) -> Dict[str, Any]:
-    """Trains ``cfg_path`` with both backends for ``epochs`` epochs; prints
-    the comparison and returns (and writes) the result dict."""
+    """Trains ``cfg_path`` in the :data:`VARIANTS` for ``epochs`` epochs;
+    prints the comparison and returns (and writes) the result dict."""
+    import torch
+
     from pyg_dfgnn.datasets import build_datasets
-    from pyg_dfgnn.train.runner import train
+    from pyg_dfgnn.train.runner import resolve_device, train
 
     if epochs < 1:
         raise ValueError(f'epochs must be >= 1, got {epochs}')
     runs: Dict[str, Any] = {}
     bundle = None
-    for backend in BACKENDS:
+    for variant, extra in VARIANTS.items():
         cfg = load_config(cfg_path, list(overrides or []) + [
-            f'optim.max_epoch={epochs}', f'backend={backend}',
-            'train.enable_ckpt=false'])
-        cfg.name = f'{cfg.name}-e2e'
-        if bundle is None:  # both backends see the very same graphs
+            f'optim.max_epoch={epochs}', 'train.enable_ckpt=false'] + extra)
+        if variant != 'pyg':
+            cfg.train.capture = resolve_device(cfg).type == 'cuda'
+        cfg.name = f'{cfg.name}-e2e-{variant}'
+        if bundle is None:  # every variant sees the very same graphs
             bundle = build_datasets(cfg)
-        log(f'=== backend {backend} ===')
-        runs[backend] = train(cfg, bundle=bundle, log=log)
+        log(f'=== {variant}: ' + ' '.join(extra) +
+            (' train.capture=true' if cfg.train.capture else '') + ' ===')
+        runs[variant] = train(cfg, bundle=bundle, log=log)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     summary: Dict[str, Any] = {}
-    for backend, res in runs.items():
+    for variant, res in runs.items():
         final = res['final']
-        summary[backend] = {
+        summary[variant] = {
             'median_epoch_time_s': _median_epoch_time(res['history']),
             'median_compute_time_s': _median_epoch_time(res['history'],
                                                         'compute_time_s'),
@@ -75,53 +93,57 @@ def bench_e2e(cfg_path: str, epochs: int,
             None,
             'best_test_metric': res['best']['test_metric'] if res['best']
             else None,
+            'capture': res['config']['train']['capture'],
+            'loader': res['config']['train']['loader'],
         }
-    speedup = (summary['pyg']['median_epoch_time_s'] /
-               summary['dfgnn']['median_epoch_time_s'])
-    compute_speedup = (summary['pyg']['median_compute_time_s'] /
-                       summary['dfgnn']['median_compute_time_s'])
+
+    def ratio(a: str, b: str, key: str = 'median_epoch_time_s') -> float:
+        return summary[a][key] / summary[b][key]
+
+    speedup = ratio('pyg', 'dfgnn')
+    speedup_runner = ratio('pyg-runner', 'dfgnn')
+    compute_speedup = ratio('pyg', 'dfgnn', 'median_compute_time_s')
     delta = None
     if summary['pyg']['final_test_metric'] is not None:
         delta = (summary['dfgnn']['final_test_metric'] -
                  summary['pyg']['final_test_metric'])
 
-    metric = runs['pyg']['metric']
+    first = runs['pyg']
+    metric = first['metric']
+    names = list(runs)
     log('')
-    log(f"e2e {runs['pyg']['name']} on {runs['pyg']['device_name']}: "
-        f"{epochs} epochs, {runs['pyg']['num_params']} params, fused "
-        f"kernels: {runs['dfgnn']['fused_kernels']}")
-    log(f"{'epoch':>5} {'pyg s':>8} {'dfgnn s':>8} {'speedup':>7} "
-        f"{'pyg cmp s':>9} {'dfgnn cmp s':>11} "
-        f"{'pyg g/s':>9} {'dfgnn g/s':>9} {'pyg val':>8} {'dfgnn val':>9}")
-    for a, b in zip(runs['pyg']['history'], runs['dfgnn']['history']):
-        sp = a['epoch_time_s'] / b['epoch_time_s']
-        log(f"{a['epoch']:>5} {a['epoch_time_s']:>8.3f} "
-            f"{b['epoch_time_s']:>8.3f} {sp:>6.2f}x "
-            f"{a['compute_time_s']:>9.3f} {b['compute_time_s']:>11.3f} "
-            f"{a['graphs_per_s']:>9.1f} {b['graphs_per_s']:>9.1f} "
-            f"{a.get('val_metric', float('nan')):>8.4f} "
-            f"{b.get('val_metric', float('nan')):>9.4f}")
-    log(f"median epoch time (w/o first): pyg "
-        f"{summary['pyg']['median_epoch_time_s']:.3f}s, dfgnn "
-        f"{summary['dfgnn']['median_epoch_time_s']:.3f}s -> {speedup:.2f}x")
-    log(f"median compute time (fwd+bwd+step, w/o batch loading): pyg "
-        f"{summary['pyg']['median_compute_time_s']:.3f}s, dfgnn "
-        f"{summary['dfgnn']['median_compute_time_s']:.3f}s -> "
-        f"{compute_speedup:.2f}x")
-    log(f"final test {metric}: pyg {summary['pyg']['final_test_metric']:.4f},"
-        f" dfgnn {summary['dfgnn']['final_test_metric']:.4f}"
-        + (f' (delta {delta * 100:+.2f} points)' if delta is not None
-           else ''))
+    log(f"e2e {cfg_path} on {first['device_name']}: {epochs} epochs, "
+        f"{first['num_params']} params, fused kernels: "
+        f"{runs['dfgnn']['fused_kernels']}")
+    log(f"{'epoch':>5} " + ' '.join(f'{n + " s":>12}' for n in names) + ' '
+        + ' '.join(f'{n + " val":>14}' for n in names))
+    for rows in zip(*(runs[n]['history'] for n in names)):
+        log(f"{rows[0]['epoch']:>5} " +
+            ' '.join(f"{r['epoch_time_s']:>12.3f}" for r in rows) + ' ' +
+            ' '.join(f"{r.get('val_metric', float('nan')):>14.4f}"
+                     for r in rows))
+    log('median epoch time (w/o first): ' + ', '.join(
+        f"{n} {summary[n]['median_epoch_time_s']:.3f}s" for n in names))
+    log(f'speedup dfgnn vs pyg (GraphGPS way): {speedup:.2f}x; vs '
+        f'pyg-runner (same runner): {speedup_runner:.2f}x')
+    log('median compute time (steps only): ' + ', '.join(
+        f"{n} {summary[n]['median_compute_time_s']:.3f}s" for n in names) +
+        f' -> dfgnn vs pyg {compute_speedup:.2f}x')
+    log(f'final test {metric}: ' + ', '.join(
+        f"{n} {summary[n]['final_test_metric']:.4f}" for n in names) +
+        (f' (dfgnn - pyg {delta * 100:+.2f} points)' if delta is not None
+         else ''))
 
     result = {
         'config': cfg_path, 'overrides': list(overrides or []),
         'epochs': epochs, 'metric': metric,
-        'device': runs['pyg']['device'],
-        'device_name': runs['pyg']['device_name'],
-        'num_params': runs['pyg']['num_params'],
+        'variants': {k: v for k, v in VARIANTS.items()},
+        'device': first['device'], 'device_name': first['device_name'],
+        'num_params': first['num_params'],
         'fused_kernels': runs['dfgnn']['fused_kernels'],
-        'dataset_sizes': runs['pyg']['dataset_sizes'],
+        'dataset_sizes': first['dataset_sizes'],
         'speedup_epoch_time': speedup,
+        'speedup_vs_pyg_runner': speedup_runner,
         'speedup_compute_time': compute_speedup, 'test_metric_delta': delta,
         'summary': summary,
         'runs': {k: {kk: v[kk] for kk in ('history', 'best', 'final',
@@ -131,8 +153,8 @@ def bench_e2e(cfg_path: str, epochs: int,
     }
     os.makedirs(out_dir, exist_ok=True)
     device_tag = 'cuda' if result['device'].startswith('cuda') else 'cpu'
-    path = osp.join(out_dir, f"e2e-{runs['pyg']['name'][:-4]}-{device_tag}"
-                    f".json")
+    name = osp.splitext(osp.basename(cfg_path))[0]
+    path = osp.join(out_dir, f'e2e-{name}-{device_tag}.json')
     with open(path, 'w') as f:
         json.dump(result, f, indent=2)
     log(f'wrote {path}')
