@@ -1,0 +1,244 @@
+"""Data-parallel training over ``torch.distributed``, one process per GPU.
+
+``torchrun --nproc_per_node=N -m pyg_dfgnn train --cfg ...`` starts N
+processes; :func:`init` reads torchrun's environment (``WORLD_SIZE``,
+``RANK``, ``LOCAL_RANK``, ``MASTER_ADDR`` / ``MASTER_PORT``) and joins the
+process group: NCCL on GPUs (NVLink multicast off, ``NCCL_NVLS_ENABLE=0``:
+on shared hosts it can take GPUs out of service), gloo on CPUs. Without
+torchrun (``WORLD_SIZE`` unset or 1) everything here is a no-op and a run
+is the plain one-process run.
+
+What a data-parallel run needs besides ``DistributedDataParallel``:
+
+* the training order split over ranks so that each optimizer step sees,
+  over all ranks together, the batch a one-process run would see
+  (:class:`ShardedOrder`; ``train.batch_size`` stays the global batch);
+* metrics over the whole split, not one rank's part (:func:`reduce_sums`,
+  :func:`reduce_metric`);
+* one writer: logs, progress bars, results and checkpoints on rank 0
+  (:attr:`DistContext.is_main`), the others wait at a barrier.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterator, List, Optional
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.utils.data import Sampler
+
+
+@dataclass
+class DistContext:
+    """Where this process stands in the run (``world_size == 1``: alone)."""
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = field(default_factory=lambda: torch.device('cpu'))
+    backend: Optional[str] = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def rank0(self, fn: Callable[..., None]) -> Callable[..., None]:
+        """``fn`` on rank 0, a no-op elsewhere (logging)."""
+        if self.is_main:
+            return fn
+        return lambda *args, **kwargs: None
+
+    def barrier(self) -> None:
+        if self.enabled:
+            if self.backend == 'nccl':
+                dist.barrier(device_ids=[self.device.index])
+            else:
+                dist.barrier()
+
+
+def world_size_from_env() -> int:
+    return int(os.environ.get('WORLD_SIZE', '1'))
+
+
+def init(device: str = 'auto', timeout_s: float = 600.0) -> DistContext:
+    """Joins torchrun's process group, or returns the one-process context.
+
+    Args:
+        device: ``'auto'`` (a GPU per process if there are enough, else the
+            CPU), ``'cuda'`` or ``'cpu'``.
+        timeout_s: how long a collective waits for the other ranks before
+            it fails (a crashed rank ends the run instead of hanging it).
+    """
+    world = world_size_from_env()
+    want_cuda = device in ('auto', 'cuda') and torch.cuda.is_available()
+    if world <= 1:
+        dev = torch.device('cuda' if want_cuda else 'cpu') \
+            if device == 'auto' else torch.device(device)
+        return DistContext(device=dev)
+    rank = int(os.environ['RANK'])
+    local_rank = int(os.environ.get('LOCAL_RANK', rank))
+    if device == 'cuda' and torch.cuda.device_count() <= local_rank:
+        raise RuntimeError(
+            f'rank {rank} needs GPU {local_rank} but this machine has '
+            f'{torch.cuda.device_count()}: start at most that many '
+            f'processes per node (torchrun --nproc_per_node)')
+    use_cuda = want_cuda and torch.cuda.device_count() > local_rank
+    if use_cuda:
+        # Before NCCL's first communicator: multicast off (see the module
+        # docstring), whatever the caller's environment says.
+        os.environ['NCCL_NVLS_ENABLE'] = '0'
+        os.environ['TORCH_SYMM_MEM_DISABLE_MULTICAST'] = '1'
+        dev = torch.device('cuda', local_rank)
+        torch.cuda.set_device(dev)
+        backend = 'nccl'
+    else:
+        dev, backend = torch.device('cpu'), 'gloo'
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend, timeout=datetime.timedelta(seconds=timeout_s),
+            device_id=dev if use_cuda else None)
+    return DistContext(rank=dist.get_rank(), world_size=dist.get_world_size(),
+                       local_rank=local_rank, device=dev, backend=backend)
+
+
+def shutdown(ctx: DistContext) -> None:
+    """Leaves the process group. Delete DDP models first: a DDP reducer
+    destroyed after its group can hang the process at exit."""
+    if ctx.enabled and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap_model(model: torch.nn.Module,
+               ctx: DistContext) -> torch.nn.Module:
+    """``DistributedDataParallel(model)`` when the run has several ranks.
+
+    Rank 0's initial weights and buffers are broadcast by DDP, so ranks
+    agree even if their initialisation differed."""
+    if not ctx.enabled:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+    return DistributedDataParallel(
+        model, device_ids=[ctx.local_rank] if ctx.device.type == 'cuda'
+        else None)
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The module inside DDP (what checkpoints store)."""
+    return getattr(model, 'module', model)
+
+
+class ShardedOrder(Sampler):
+    r"""This rank's part of a training order, for a DataLoader with
+    ``batch_size = global_batch // world_size``.
+
+    ``order_fn(epoch)`` gives the order of all ``n`` samples (the same on
+    every rank: drawn from the seed and the epoch). It is padded by wrapping
+    around to a multiple of ``world_size`` and split by stride, so step ``s``
+    of every rank together covers the order's slice ``[s*B, (s+1)*B)`` of
+    the global batch ``B``: a one-process run with batch ``B`` and the same
+    order sees the same samples per step. Every rank gets the same number of
+    samples, hence of steps (a rank with a step less would hang the others
+    in the gradient all-reduce).
+    """
+    def __init__(self, n: int, order_fn: Callable[[int], Tensor],
+                 ctx: DistContext) -> None:
+        self.n, self.order_fn, self.ctx = n, order_fn, ctx
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return -(-self.n // self.ctx.world_size)
+
+    def __iter__(self) -> Iterator[int]:
+        order = self.order_fn(self.epoch).tolist()
+        pad = len(self) * self.ctx.world_size - len(order)
+        order += order[:pad]
+        return iter(order[self.ctx.rank::self.ctx.world_size])
+
+
+def per_rank_batch_size(batch_size: int, ctx: DistContext) -> int:
+    """``batch_size`` is the global batch; each rank takes an equal part."""
+    if batch_size % ctx.world_size:
+        raise ValueError(
+            f'train.batch_size {batch_size} is the global batch and must be '
+            f'divisible by the {ctx.world_size} processes; use a multiple of '
+            f'{ctx.world_size}')
+    return batch_size // ctx.world_size
+
+
+def reduce_sums(values: Dict[str, float],
+                ctx: DistContext) -> Dict[str, float]:
+    """Sums each value over the ranks (one all-reduce)."""
+    if not ctx.enabled:
+        return dict(values)
+    keys = sorted(values)
+    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64,
+                     device=ctx.device)
+    dist.all_reduce(t)
+    return dict(zip(keys, t.tolist()))
+
+
+def metric_counts(metric: str, pred: Tensor, y: Tensor) -> Tensor:
+    """The sums a metric is made of, so that ranks can add theirs up:
+    ``mae``: [|error| sum, count]; ``accuracy``: [correct, count];
+    ``accuracy-SBM``: [correct per class | count per class]."""
+    if metric == 'mae':
+        err = (pred.view(-1) - y.view(-1).float()).abs()
+        return torch.stack([err.sum().double(),
+                            torch.tensor(float(err.numel()),
+                                         dtype=torch.float64,
+                                         device=err.device)])
+    label = pred.argmax(dim=-1)
+    if metric == 'accuracy':
+        return torch.tensor([float((label == y).sum()), float(y.numel())],
+                            dtype=torch.float64, device=pred.device)
+    k = pred.size(-1)
+    total = torch.bincount(y, minlength=k)[:k]
+    correct = torch.bincount(y[label == y], minlength=k)[:k]
+    return torch.cat([correct, total]).double()
+
+
+def metric_from_counts(metric: str, counts: Tensor) -> float:
+    if metric in ('mae', 'accuracy'):
+        return float(counts[0] / counts[1]) if counts[1] > 0 \
+            else float('nan')
+    correct, total = counts.view(2, -1)
+    present = total > 0  # mean recall over the classes present
+    if not bool(present.any()):
+        return float('nan')
+    return float((correct[present] / total[present]).mean())
+
+
+def reduce_metric(metric: str, pred: Tensor, y: Tensor,
+                  ctx: DistContext) -> float:
+    """``metric`` over all ranks' ``(pred, y)``: each rank's sums
+    (:func:`metric_counts`) all-reduced, then the metric of the total —
+    what one process would compute on the concatenation."""
+    counts = metric_counts(metric, pred, y).to(ctx.device)
+    if ctx.enabled:
+        dist.all_reduce(counts)
+    return metric_from_counts(metric, counts.cpu())
+
+
+def all_ranks_ok(ok: bool, ctx: DistContext) -> bool:
+    """Whether every rank says ``ok`` (so that all stop together)."""
+    if not ctx.enabled:
+        return ok
+    t = torch.tensor([0.0 if ok else 1.0], device=ctx.device)
+    dist.all_reduce(t)
+    return bool(t.item() == 0)
+
+
+def broadcast_objects(objects: List, ctx: DistContext) -> List:
+    """Rank 0's ``objects`` on every rank."""
+    if ctx.enabled:
+        dist.broadcast_object_list(objects, src=0)
+    return objects
