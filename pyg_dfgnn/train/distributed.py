@@ -62,6 +62,14 @@ class DistContext:
                 dist.barrier()
 
 
+#: The context of this process's run (set by :func:`init`).
+_current = DistContext()
+
+
+def current() -> DistContext:
+    return _current
+
+
 def world_size_from_env() -> int:
     return int(os.environ.get('WORLD_SIZE', '1'))
 
@@ -75,12 +83,14 @@ def init(device: str = 'auto', timeout_s: float = 600.0) -> DistContext:
         timeout_s: how long a collective waits for the other ranks before
             it fails (a crashed rank ends the run instead of hanging it).
     """
+    global _current
     world = world_size_from_env()
     want_cuda = device in ('auto', 'cuda') and torch.cuda.is_available()
     if world <= 1:
         dev = torch.device('cuda' if want_cuda else 'cpu') \
             if device == 'auto' else torch.device(device)
-        return DistContext(device=dev)
+        _current = DistContext(device=dev)
+        return _current
     rank = int(os.environ['RANK'])
     local_rank = int(os.environ.get('LOCAL_RANK', rank))
     if device == 'cuda' and torch.cuda.device_count() <= local_rank:
@@ -103,15 +113,21 @@ def init(device: str = 'auto', timeout_s: float = 600.0) -> DistContext:
         dist.init_process_group(
             backend, timeout=datetime.timedelta(seconds=timeout_s),
             device_id=dev if use_cuda else None)
-    return DistContext(rank=dist.get_rank(), world_size=dist.get_world_size(),
-                       local_rank=local_rank, device=dev, backend=backend)
+    _current = DistContext(rank=dist.get_rank(),
+                           world_size=dist.get_world_size(),
+                           local_rank=local_rank, device=dev,
+                           backend=backend)
+    return _current
 
 
-def shutdown(ctx: DistContext) -> None:
+def shutdown(ctx: Optional[DistContext] = None) -> None:
     """Leaves the process group. Delete DDP models first: a DDP reducer
     destroyed after its group can hang the process at exit."""
+    global _current
+    ctx = ctx or _current
     if ctx.enabled and dist.is_initialized():
         dist.destroy_process_group()
+    _current = DistContext()
 
 
 def wrap_model(model: torch.nn.Module,
@@ -242,3 +258,139 @@ def broadcast_objects(objects: List, ctx: DistContext) -> List:
     if ctx.enabled:
         dist.broadcast_object_list(objects, src=0)
     return objects
+
+
+# ------------------------------------------------------ runner integration
+# The runner's step is sync-free and may be captured as a CUDA graph, so
+# gradients are averaged by one all-reduce of a flat buffer between the
+# backward and the clipping (what DDP computes, without its autograd hooks;
+# NCCL collectives can be captured), rather than by wrapping the model.
+def broadcast_parameters(model: torch.nn.Module,
+                         ctx: Optional[DistContext] = None) -> None:
+    """Rank 0's parameters and buffers on every rank (as DDP starts)."""
+    ctx = ctx or _current
+    if not ctx.enabled:
+        return
+    with torch.no_grad():
+        for t in list(model.parameters()) + list(model.buffers()):
+            dist.broadcast(t.data, src=0)
+
+
+def all_reduce_gradients(model: torch.nn.Module,
+                         ctx: Optional[DistContext] = None) -> None:
+    """Averages the gradients over the ranks, one all-reduce per dtype (a
+    missing gradient counts as zeros, so that every rank sends the same
+    buffer)."""
+    ctx = ctx or _current
+    if not ctx.enabled:
+        return
+    groups: Dict[torch.dtype, List[torch.nn.Parameter]] = {}
+    for p in model.parameters():
+        if p.requires_grad:
+            groups.setdefault(p.dtype, []).append(p)
+    for params in groups.values():
+        flat = torch.cat([(p.grad if p.grad is not None
+                           else torch.zeros_like(p)).reshape(-1)
+                          for p in params])
+        dist.all_reduce(flat)
+        flat.div_(ctx.world_size)
+        offset = 0
+        for p in params:
+            view = flat[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+            if p.grad is None:
+                p.grad = view.clone()
+            else:
+                p.grad.copy_(view)
+
+
+def all_reduce_(t: Tensor, ctx: Optional[DistContext] = None) -> Tensor:
+    """Sums ``t`` over the ranks in place (epoch statistics)."""
+    ctx = ctx or _current
+    if ctx.enabled:
+        dist.all_reduce(t)
+    return t
+
+
+def any_rank(flag: bool, ctx: Optional[DistContext] = None) -> bool:
+    """Whether any rank says ``flag`` (a stop decision all ranks share)."""
+    ctx = ctx or _current
+    return flag if not ctx.enabled else not all_ranks_ok(not flag, ctx)
+
+
+class ShardedDeviceLoader:
+    r"""A :class:`~pyg_dfgnn.train.batching.DeviceLoader`'s batches split
+    over the ranks: the loader's order (the same on every rank) cut as
+    :class:`ShardedOrder` cuts it, ``batch_size // world_size`` graphs per
+    rank and step. Training orders are padded by wrap-around to equal step
+    counts (the gradient all-reduce needs them); evaluation orders are not,
+    so that every graph counts once (evaluation has no collective per
+    batch)."""
+    def __init__(self, loader: Any, ctx: DistContext, pad: bool) -> None:
+        self.loader, self.ctx, self.pad = loader, ctx, pad
+        self.batch_size = per_rank_batch_size(loader.batch_size, ctx)
+
+    def _ids(self, order: Tensor) -> Tensor:
+        world, n = self.ctx.world_size, order.numel()
+        if self.pad and n % world:
+            order = torch.cat([order, order[:world - n % world]])
+        return order[self.ctx.rank::world]
+
+    def __len__(self) -> int:
+        n = len(self.loader.store)
+        n = -(-n // self.ctx.world_size) if self.pad else len(
+            range(self.ctx.rank, n, self.ctx.world_size))
+        return -(-n // self.batch_size)
+
+    def __iter__(self):
+        loader = self.loader
+        order = self._ids(loader.order())
+        order_dev = order.to(loader.store.device)
+        for start in range(0, order.numel(), self.batch_size):
+            yield loader.store.batch(
+                order[start:start + self.batch_size],
+                order_dev[start:start + self.batch_size],
+                **loader.batch_kwargs)
+
+
+def shard_loaders(train_loader: Any, eval_loaders: Dict[str, Any],
+                  ctx: Optional[DistContext] = None):
+    """The runner's loaders, each rank its part (unchanged alone): device
+    loaders by :class:`ShardedDeviceLoader`, PyG ``DataLoader`` s by a
+    :class:`ShardedOrder` sampler that draws the order as ``DataLoader``
+    draws it (same generator, same draws)."""
+    ctx = ctx or _current
+    if not ctx.enabled:
+        return train_loader, eval_loaders
+    if hasattr(train_loader, 'store'):
+        return (ShardedDeviceLoader(train_loader, ctx, pad=True),
+                {k: ShardedDeviceLoader(v, ctx, pad=False)
+                 for k, v in eval_loaders.items()})
+    return (_sharded_dataloader(train_loader, ctx, shuffle=True),
+            {k: _sharded_dataloader(v, ctx, shuffle=False)
+             for k, v in eval_loaders.items()})
+
+
+def _sharded_dataloader(loader: Any, ctx: DistContext, shuffle: bool):
+    from torch.utils.data import DataLoader
+
+    n = len(loader.dataset)
+    gen = loader.generator
+
+    def order_fn(epoch: int) -> Tensor:
+        # RandomSampler's permutation from the loader's generator (the
+        # loader drew its workers' base seed from it just before).
+        return torch.randperm(n, generator=gen) if shuffle else \
+            torch.arange(n)
+
+    if shuffle:
+        sampler = ShardedOrder(n, order_fn, ctx)
+    else:  # evaluation: every sample once, no padding
+        sampler = list(range(ctx.rank, n, ctx.world_size))
+    return DataLoader(loader.dataset,
+                      batch_size=per_rank_batch_size(loader.batch_size, ctx),
+                      sampler=sampler, generator=gen,
+                      num_workers=loader.num_workers,
+                      collate_fn=loader.collate_fn,
+                      pin_memory=loader.pin_memory,
+                      persistent_workers=loader.persistent_workers)
