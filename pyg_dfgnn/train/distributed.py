@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional
 
@@ -182,8 +183,9 @@ class ShardedOrder(Sampler):
 
 def per_rank_batch_size(batch_size: int, ctx: DistContext) -> int:
     """``batch_size`` is the global batch; each rank takes an equal part."""
+    from pyg_dfgnn.train.config import ConfigError
     if batch_size % ctx.world_size:
-        raise ValueError(
+        raise ConfigError(
             f'train.batch_size {batch_size} is the global batch and must be '
             f'divisible by the {ctx.world_size} processes; use a multiple of '
             f'{ctx.world_size}')
@@ -276,6 +278,16 @@ def broadcast_parameters(model: torch.nn.Module,
             dist.broadcast(t.data, src=0)
 
 
+def broadcast_buffers(model: torch.nn.Module,
+                      ctx: Optional[DistContext] = None) -> None:
+    """Rank 0's buffers (batch-norm statistics) on every rank, before an
+    evaluation, as DDP broadcasts them before each forward."""
+    ctx = ctx or _current
+    if ctx.enabled:
+        for t in model.buffers():
+            dist.broadcast(t.data, src=0)
+
+
 def all_reduce_gradients(model: torch.nn.Module,
                          ctx: Optional[DistContext] = None) -> None:
     """Averages the gradients over the ranks, one all-reduce per dtype (a
@@ -302,6 +314,19 @@ def all_reduce_gradients(model: torch.nn.Module,
                 p.grad = view.clone()
             else:
                 p.grad.copy_(view)
+
+
+@contextmanager
+def main_first(ctx: Optional[DistContext] = None) -> Iterator[None]:
+    """Rank 0 runs the block first (it generates and caches a dataset),
+    the other ranks after it (they read the cache): no two processes write
+    the same files."""
+    ctx = ctx or _current
+    if ctx.enabled and not ctx.is_main:
+        ctx.barrier()
+    yield
+    if ctx.enabled and ctx.is_main:
+        ctx.barrier()
 
 
 def all_reduce_(t: Tensor, ctx: Optional[DistContext] = None) -> Tensor:
