@@ -114,6 +114,8 @@ def run_backend(backend: str, data, args, device) -> Dict[str, Any]:
 def main(argv=None) -> Dict[str, Any]:
     args = parse_args(argv)
     device = torch.device(args.device)
+    if device.type == 'cuda' and device.index is None:
+        device = torch.device('cuda', torch.cuda.current_device())
     t = time.perf_counter()
     data = reddit_like(args.scale, avg_degree=args.avg_degree,
                        seed=args.seed, device=device)

@@ -105,7 +105,7 @@ def train_epoch(model, net, loader, optimizer, ctx, args) -> Dict[str, Any]:
                                 batch.num_sampled_edges)
         if args.backend == 'dfgnn':
             with phases('format'):
-                build_formats(net, edges, ctx.device)
+                build_formats(net, edges, batch.x.device)
         with phases('step'):
             out = model(batch.x, edges)
             y = batch.y[:batch.batch_size]
