@@ -21,7 +21,8 @@ edge for the kernels), int64 otherwise.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Optional, Tuple
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -201,6 +202,27 @@ def to_edge_index(
     return adj, (int(size[0]), int(size[1]))
 
 
+@contextmanager
+def _explain_oom(num_edges: int, n_src: int, n_dst: int,
+                 device: torch.device) -> Iterator[None]:
+    """An out-of-memory error while building a format, with the graph's
+    size and what to do about it (the same exception type, so callers that
+    catch it still do)."""
+    try:
+        yield
+    except torch.OutOfMemoryError as e:
+        need = num_edges * 8 * 4 / 2**30  # sort keys, values, perm, copy
+        raise torch.OutOfMemoryError(
+            f"Out of memory on {device} while building the DF-GNN format of "
+            f"a graph of {num_edges} edges ({n_src} source / {n_dst} "
+            f"destination nodes; the build needs ~{need:.1f} GiB besides "
+            f"the graph). Train on sampled subgraphs instead "
+            f"(pyg_dfgnn.sampler.neighbor_loader or PyG's NeighborLoader), "
+            f"free memory before the first forward, or pass edges already "
+            f"sorted by destination (ToDFGNNFormat), which skips the sort. "
+            f"({str(e).splitlines()[0]})") from None
+
+
 def owner_windows(owner: Tensor, nbr: Tensor, n_owner: int, n_nbr: int,
                   max_nodes: int, pack_rows: int,
                   max_window_rows: int) -> Tuple[Optional[Tensor], int]:
@@ -347,10 +369,12 @@ class DFGraph:
                     f"destinations (row 1) are not sorted: it was modified "
                     f"after it was sorted. Re-apply ToDFGNNFormat or sort it "
                     f"again (edge_index.sort_by('col')).")
-            dst, perm = torch.sort(dst, stable=True)
-            src = src.index_select(0, perm)  # 100x faster than src[perm]
-            perm = perm.to(idx_dtype)
-        graph = cls(_ptr(dst, n_dst), src.to(idx_dtype), n_src, perm)
+            with _explain_oom(src.numel(), n_src, n_dst, src.device):
+                dst, perm = torch.sort(dst, stable=True)
+                src = src.index_select(0, perm)  # 100x faster than src[perm]
+                perm = perm.to(idx_dtype)
+        with _explain_oom(src.numel(), n_src, n_dst, src.device):
+            graph = cls(_ptr(dst, n_dst), src.to(idx_dtype), n_src, perm)
         fingerprint = _fingerprint(edge_index)
         if fingerprint is not None:
             graph._source = (weakref.ref(edge_index), fingerprint)

@@ -192,3 +192,16 @@ def test_full_graph_example(tmp_path):
     assert [r['backend'] for r in runs] == ['dfgnn', 'pyg']
     assert all(r['status'] == 'ok' for r in runs)
     assert abs(runs[0]['final_loss'] - runs[1]['final_loss']) < 1e-4
+
+
+def test_format_build_out_of_memory_says_what_to_do(monkeypatch):
+    from pyg_dfgnn import DFGraph
+
+    def oom(*args, **kwargs):
+        raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate '
+                                     '3.00 GiB')
+    monkeypatch.setattr(torch, 'sort', oom)
+    edge_index = torch.tensor([[0, 1, 2], [2, 0, 1]])
+    with pytest.raises(torch.OutOfMemoryError,
+                       match=r'3 edges .*sampled subgraphs.*Tried to alloc'):
+        DFGraph.from_edge_index(edge_index, num_nodes=3)
