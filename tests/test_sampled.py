@@ -205,3 +205,30 @@ def test_format_build_out_of_memory_says_what_to_do(monkeypatch):
     with pytest.raises(torch.OutOfMemoryError,
                        match=r'3 edges .*sampled subgraphs.*Tried to alloc'):
         DFGraph.from_edge_index(edge_index, num_nodes=3)
+
+
+def test_sampled_example_under_torchrun(tmp_path):
+    import json
+    import os
+    import socket
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    out = tmp_path / 'r.json'
+    env = dict(os.environ, OMP_NUM_THREADS='1')
+    env.pop('WORLD_SIZE', None)
+    proc = subprocess.run(
+        [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node=2',
+         f'--master_port={port}', osp.join(ROOT, 'examples',
+                                           'sampled_reddit.py'),
+         '--scale', '0.01', '--avg-degree', '20', '--device', 'cpu',
+         '--epochs', '1', '--batch-size', '128', '--hidden', '32',
+         '--fanout', '8,4', '--json', str(out)],
+        capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r['world_size'] == 2
+    assert proc.stdout.count('epoch 0:') == 1  # rank 0 logs alone
+    # Both ranks' seeds together: the epoch covers the training split.
+    n_train = int(reddit_like(0.01, avg_degree=20).train_mask.sum())
+    assert r['history'][0]['steps'] == -(-n_train // 128)
