@@ -63,6 +63,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         except CheckpointError as e:
             print(f'pyg-dfgnn: error: {e}', file=sys.stderr)
             return 2
+        finally:  # torchrun: leave the process group
+            from pyg_dfgnn.train import distributed
+            distributed.shutdown()
         return 0
     except (ConfigError, FileNotFoundError) as e:
         print(f'pyg-dfgnn: error: {e}', file=sys.stderr)

@@ -90,7 +90,7 @@ def init(device: str = 'auto', timeout_s: float = 600.0) -> DistContext:
     if world <= 1:
         dev = torch.device('cuda' if want_cuda else 'cpu') \
             if device == 'auto' else torch.device(device)
-        if dev.type == 'cuda' and dev.index is None:
+        if dev.type == 'cuda' and dev.index is None and want_cuda:
             # Indexed, as the device of the tensors made on it.
             dev = torch.device('cuda', torch.cuda.current_device())
         _current = DistContext(device=dev)

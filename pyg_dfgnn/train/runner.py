@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from pyg_dfgnn.train.batching import DeviceLoader, GraphBatch, GraphStore
+from pyg_dfgnn.train import distributed
 from pyg_dfgnn.train.config import (Config, ConfigError, default_config,
                                     dump_config, split_layer_type)
 
@@ -249,6 +250,7 @@ def train_step(model, optimizer, batch, cfg: Config,
     loss = compute_loss(cfg.model.loss_fun, pred, batch.y, mask)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
+    distributed.all_reduce_gradients(model)  # no-op in one process
     if cfg.optim.clip_grad_norm:
         torch.nn.utils.clip_grad_norm_(model.parameters(),
                                        cfg.optim.clip_grad_norm_value)
@@ -306,6 +308,7 @@ def run_epoch(model, loader, cfg: Config, device: torch.device,
                 events[-1][1].record()
             else:
                 compute += time.perf_counter() - t0
+    distributed.all_reduce_(stats.sums)  # all ranks' batches
     result = stats.result()  # waits for the pass
     _sync(device)
     seconds = time.perf_counter() - start
@@ -479,10 +482,15 @@ def train(cfg: Config, resume: bool = False, bundle=None,
         log('note: wandb logging is not supported; wandb.use is ignored')
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
-    device = resolve_device(cfg)
+    dctx = distributed.init(cfg.device)  # torchrun: join its ranks
+    device = dctx.device if dctx.enabled else resolve_device(cfg)
+    log = dctx.rank0(log)
+    if not dctx.is_main:
+        cfg.train.progress_bar = False
     set_seed(cfg.seed)
     if bundle is None:
-        bundle = build_datasets(cfg)
+        with distributed.main_first():  # rank 0 generates and caches
+            bundle = build_datasets(cfg)
     if getattr(bundle, 'dim_edge', None) is not None and \
             not cfg.dataset.edge_encoder:
         log('note: the dataset has edge_attr, unused without '
@@ -492,6 +500,7 @@ def train(cfg: Config, resume: bool = False, bundle=None,
                         bundle.num_node_types,
                         getattr(bundle, 'dim_edge', None),
                         getattr(bundle, 'num_edge_types', None)).to(device)
+    distributed.broadcast_parameters(model)
     capture = use_capture(cfg, device)
     optimizer = make_optimizer(cfg, model.parameters(), capture)
     scheduler = make_scheduler(cfg, optimizer)
@@ -521,12 +530,15 @@ def train(cfg: Config, resume: bool = False, bundle=None,
             torch.cuda.set_rng_state(ckpt['rng_cuda'], device)
         log(f'resumed from {ckpt_path} at epoch {start_epoch}')
     os.makedirs(osp.join(out, 'ckpt'), exist_ok=True)
-    with open(osp.join(out, 'config.yaml'), 'w') as f:
-        f.write(dump_config(cfg))
+    if dctx.is_main:
+        with open(osp.join(out, 'config.yaml'), 'w') as f:
+            f.write(dump_config(cfg))
 
     order = torch.Generator()
     train_loader, eval_loaders = make_loaders(cfg, bundle, device, model,
                                               order, capture)
+    train_loader, eval_loaders = distributed.shard_loaders(train_loader,
+                                                           eval_loaders)
     stats = {split: EpochStats(cfg.metric_best, bundle.dim_out, device)
              for split in ('train', 'val', 'test')}
 
@@ -580,6 +592,7 @@ def train(cfg: Config, resume: bool = False, bundle=None,
         last = epoch == cfg.optim.max_epoch - 1
         if (epoch + 1) % cfg.train.eval_period == 0 or last:
             eval_time = 0.0
+            distributed.broadcast_buffers(model)
             for split, loader in eval_loaders.items():
                 ev = run_epoch(model, loader, cfg, device, stats[split],
                                desc=f'epoch {epoch} {split}')
@@ -599,7 +612,8 @@ def train(cfg: Config, resume: bool = False, bundle=None,
             stop = True
             log(f'time limit {limit:.0f}s reached after epoch {epoch}; '
                 f'continue with --resume')
-        if cfg.train.enable_ckpt and (
+        stop = distributed.any_rank(stop)  # ranks stop together
+        if cfg.train.enable_ckpt and dctx.is_main and (
                 (epoch + 1) % cfg.train.ckpt_period == 0 or last or stop):
             _atomic_save({
                 'format': CKPT_FORMAT, 'config': cfg.to_dict(),
@@ -630,7 +644,10 @@ def train(cfg: Config, resume: bool = False, bundle=None,
         'history': history, 'config': cfg.to_dict(),
         'dataset_sizes': {'train': len(bundle.train), 'val': len(bundle.val),
                           'test': len(bundle.test)},
+        'world_size': dctx.world_size,
     }
+    if not dctx.is_main:
+        return results
     with open(osp.join(out, 'results.json'), 'w') as f:
         json.dump(results, f, indent=2)
     with open(osp.join(out, 'epochs.csv'), 'w', newline='') as f:
