@@ -329,6 +329,27 @@ __device__ __forceinline__ float score_part(const float* q_row,
   return acc;
 }
 
+// Partial <nb, own + e> of one (edge, head) item over this lane's share of
+// D: the owner's row `own` in shared memory (fp32), the neighbour's `nb`
+// and the edge's term `e` (nullptr: none) added to the owner's side. (The
+// backward's cols pass: <q_i, k_j + ek_ij> and <dO_i, v_j + ev_ij> with j
+// the owner.)
+template <typename T, int VW>
+__device__ __forceinline__ float dot_part(const float* own, const T* nb,
+                                          const T* e_row, int D, int d0,
+                                          int dstep) {
+  float acc = 0.f;
+  for (int d = d0; d < D; d += dstep) {
+    float ox[VW], nx[VW];
+    load_smem<VW>(own + d, ox);
+    if (e_row != nullptr) add_vec<T, VW>(e_row + d, ox);
+    load_vec<T, VW>(nb + d, nx);
+#pragma unroll
+    for (int i = 0; i < VW; ++i) acc = fmaf(nx[i], ox[i], acc);
+  }
+  return acc;
+}
+
 // Last r in [0, n) with ptr[r] <= x (the owner of segment / edge x).
 __device__ __forceinline__ int64_t find_row(const int64_t* __restrict__ ptr,
                                             int64_t n, int64_t x) {

@@ -33,7 +33,11 @@
 //   dp' += g_alpha (times f when alpha was returned after dropout).
 //
 // Memory: only lse [N_dst, H] comes from the forward; ebuf is E * H * 8
-// bytes, transient, never E * F.
+// bytes, transient, never E * F. Lean mode (ebuf above a size limit, see
+// run_passes): no ebuf; the cols pass recomputes p, t (and the dropout
+// mask) per edge from Q, dO (staged with the window), its owner's K and V
+// rows and lse -- the rows pass's two dot products once more -- and the
+// rows pass recomputes its items in every feature pass.
 //
 // Both passes have the forward SMMF's structure: a block per graph-aligned
 // window (DFGraph.row_windows / col_windows), whose neighbour rows (K, V for
@@ -49,6 +53,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "common.cuh"
 
@@ -87,7 +92,7 @@ struct BwdArgs {
   T* __restrict__ g_ev;             // cols: d edge_value [E, H, F]
   bool ekv_shared;                  // 'dot' with ek == ev: one gradient
   float* __restrict__ drow;         // [N_dst, H]: rows writes, cols reads
-  float2* __restrict__ ebuf;        // [E, H] (p, t)
+  float2* __restrict__ ebuf;        // [E, H] (p, t); nullptr: lean mode
   T* __restrict__ grad_a;           // rows: grad_query | cols: grad_key
   T* __restrict__ grad_b;           // cols: grad_value
   float* __restrict__ att_part;     // cols, gatv2: [blocks, H * D]
@@ -111,7 +116,8 @@ struct BwdArgs {
 // cols: staged D [span][H] fp32 | att fp32 [HD_att] | block scalars |
 // per warp: rows: q [HD_k], dO [HF], lse / D / A / B [4][H], p / t / g
 //           [3][H][kChunk] fp32; cols: key row [HD_k], d att partial
-//           [HD_att], d a_src [H], p / ds [2][H][kChunk] fp32;
+//           [HD_att], d a_src [H], p / ds [2][H][kChunk] fp32, lean:
+//           value row [HF];
 //           both: neighbour and edge ids int64 [2][kChunk].
 // Rows of the per-warp scratch start 16-byte aligned (float4 reads).
 __host__ __device__ inline size_t pad4(int floats) {
@@ -123,7 +129,8 @@ struct BwdLayout {
 __host__ __device__ inline BwdLayout bwd_layout(bool cols, int kind,
                                                 int span, int H, int HD_k,
                                                 int HF, int HD_att, int warps,
-                                                size_t elem) {
+                                                size_t elem,
+                                                bool lean = false) {
   BwdLayout L;
   L.b = align16((size_t)span * HD_k * elem);
   L.r = align16(L.b + (size_t)span * HF * elem);
@@ -133,8 +140,9 @@ __host__ __device__ inline BwdLayout bwd_layout(bool cols, int kind,
   // (the key row only for gatv2 / 'add'; A, B and t * leaky' only 'add')
   const bool add = kind == kAdd;
   const size_t floats =
-      cols ? (kind == kDot ? 0 : pad4(HD_k)) + pad4(HD_att) + H +
-                 2 * (size_t)H * kChunk
+      cols ? (kind == kDot && !lean ? 0 : pad4(HD_k)) + pad4(HD_att) +
+                 (lean ? pad4(H + 2 * H * kChunk) + pad4(HF)
+                       : H + 2 * (size_t)H * kChunk)
            : pad4(HD_k) + pad4(HF) + (add ? 4 : 2) * (size_t)H +
                  (add ? 3 : 2) * (size_t)H * kChunk;
   L.warp_bytes = align16(floats * 4) + 2 * kChunk * sizeof(int64_t);
@@ -143,12 +151,13 @@ __host__ __device__ inline BwdLayout bwd_layout(bool cols, int kind,
 }
 
 struct WarpScratch {
-  float* own;     // rows: query row | cols: key row (gatv2, add)
+  float* own;     // rows: query row | cols: key row (gatv2, add, lean)
   float* own2;    // rows: grad_out row | cols: d att partial (gatv2)
   float* hv;      // per head: rows lse, D, A, B | cols d a_src
   float* p;       // [H][kChunk] p (rows 'add': p * leaky')
   float* t;       // [H][kChunk] rows: t | cols: ds (times leaky' for 'add')
   float* g;       // [H][kChunk] rows 'add': t * leaky'
+  float* vown;    // cols, lean: value row
   int64_t* j;     // [kChunk] neighbour, relative to the staged base
   int64_t* e;     // [kChunk] cols: CSR edge id
 };
@@ -280,7 +289,8 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
         // feature passes (H * D above one pass) read (p, t) back from ebuf,
         // written by this warp in pass 0.
         const int n_items = n * H;
-        if (pass > 0) {
+        const bool lean = a.ebuf == nullptr;
+        if (pass > 0 && !lean) {
           for (int it = lane; it < n_items; it += kWarpSize) {
             const int e = (int)(((unsigned)it * h_magic) >> 20), h = it - e * H;
             const float2 pt = a.ebuf[(cb + e) * H + h];
@@ -288,7 +298,8 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
             w.t[h * C + e] = pt.y;
           }
         }
-        for (int it0 = 0; pass == 0 && it0 < n_items; it0 += 2 * ng) {
+        for (int it0 = 0; (pass == 0 || lean) && it0 < n_items;
+             it0 += 2 * ng) {
           float ps[2], pd[2];
           int ie[2], ih[2];
 #pragma unroll
@@ -341,7 +352,7 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
                            a.galpha_dropped ? f : 1.f, dpe);
               }
               const float t = p * dpe;
-              if (pass == 0)
+              if (pass == 0 && !lean)
                 a.ebuf[(cb + e) * H + h] = make_float2(f == 0.f ? -p : p, t);
               w.t[h * C + e] = t;
               w.p[h * C + e] = p * gz;
@@ -444,10 +455,94 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
 }
 
 // ============================================================ cols pass
+// Lean mode: a chunk's items recomputed from the rows pass's quantities --
+// s_ij (score of q_i and the owner's k_j), p = exp(s - lse_i), dp_ij =
+// <dO_i, v_j + ev_ij>, the dropout factor f -- then w.p = f p (dV) and
+// w.t = ds = t - p D_i (times leaky'(z) for 'add'; d es written), exactly
+// as the rows pass formed them (same operations, same order per item).
+template <typename T, typename I, int KIND, int VW, typename OFF, bool FEAT>
+__device__ __forceinline__ void cols_items_recompute(
+    const BwdArgs<T, I>& a, const WarpScratch& w, int n, int G, int ng,
+    int gi, int lg, const T* qb, const T* ob, const float* db, int64_t lo,
+    const float* att, uint64_t seed, uint64_t offset) {
+  constexpr int C = kChunk;
+  const int H = a.H, D = a.D, F = a.F;
+  const int HD_k = KIND == kAdd ? H : H * D;
+  const int HF = H * F;
+  const int n_items = n * H;
+  const unsigned h_magic = ((1u << 20) + H - 1) / H;
+  for (int it0 = 0; it0 < n_items; it0 += 2 * ng) {
+    float ps[2], pd[2];
+    int ie[2], ih[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int it = it0 + u * ng + gi;
+      ps[u] = pd[u] = 0.f;
+      ie[u] = -1, ih[u] = 0;
+      if (it < n_items) {
+        const int e = (int)(((unsigned)it * h_magic) >> 20);
+        const int h = it - e * H;
+        ie[u] = e, ih[u] = h;
+        const OFF ir = (OFF)w.j[e];
+        const int64_t ecsr = w.e[e];
+        const T* ek = (FEAT && a.et.ek != nullptr)
+                          ? a.et.ek + ecsr * HD_k + h * D : nullptr;
+        if constexpr (KIND == kDot)
+          ps[u] = dot_part<T, VW>(w.own + h * D, qb + ir * HD_k + h * D, ek,
+                                  D, lg * VW, G * VW);
+        else if constexpr (KIND == kGatv2)
+          ps[u] = score_part<KIND, T, VW>(w.own + h * D, qb + ir * HD_k + h * D,
+                                          att + h * D, D, lg * VW, G * VW,
+                                          a.slope, ek);
+        pd[u] = dot_part<T, VW>(
+            w.vown + h * F, ob + ir * HF + h * F,
+            (FEAT && a.et.ev != nullptr) ? a.et.ev + ecsr * HF + h * F
+                                         : nullptr,
+            F, lg * VW, G * VW);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const float sp = KIND == kAdd ? 0.f : group8_sum(ps[u], G);
+      const float dp = group8_sum(pd[u], G);
+      if (lg == 0 && ie[u] >= 0) {
+        const int e = ie[u], h = ih[u];
+        const OFF ir = (OFF)w.j[e];
+        const int64_t ecsr = w.e[e];
+        float sc = sp, gz = 1.f;
+        if constexpr (KIND == kDot) sc = sp * a.scale;
+        if constexpr (KIND == kAdd) {
+          float z = to_float(qb[ir * H + h]) + w.own[h];
+          if ((FEAT && a.et.es != nullptr)) z += to_float(a.et.es[ecsr * H + h]);
+          sc = leaky_relu(z, a.slope);
+          gz = leaky_relu_grad(z, a.slope);
+        }
+        const float p = expf(sc - a.lse[(lo + (int64_t)ir) * H + h]);
+        const float f = drop_factor<FEAT>(a.drop, seed, offset, ecsr, h);
+        float dpe = f * dp;
+        if ((FEAT && a.galpha != nullptr)) {
+          const int64_t ea = a.aperm != nullptr ? (int64_t)a.aperm[ecsr] : ecsr;
+          dpe = fmaf(to_float(a.galpha[ea * H + h]),
+                     a.galpha_dropped ? f : 1.f, dpe);
+        }
+        const float t = p * dpe;
+        w.p[h * C + e] = FEAT ? p * f : p;
+        float ds = t - p * db[ir * H + h];
+        if constexpr (KIND == kAdd) {
+          ds *= gz;
+          if ((FEAT && a.g_es != nullptr)) a.g_es[ecsr * H + h] = from_float<T>(ds);
+        }
+        w.t[h * C + e] = ds;
+      }
+    }
+  }
+}
+
+
 // Owners = source nodes [c_begin, c_end); Q / dO rows and D of destination
 // i at qb + (i - lo) * HD_k, ob + (i - lo) * HF, db + (i - lo) * H.
 template <typename T, typename I, int KIND, int VW, int SLOTS, typename OFF,
-          bool FEAT>
+          bool FEAT, bool LEAN>
 __device__ __forceinline__ void cols_pass(const BwdArgs<T, I>& a,
                                           const WarpScratch& w, int* next,
                                           int64_t c_begin, int64_t c_end,
@@ -466,6 +561,10 @@ __device__ __forceinline__ void cols_pass(const BwdArgs<T, I>& a,
   const int n_pass = (slots + group * SLOTS - 1) / (group * SLOTS);
   float* add_k = w.hv;
   const float keep_scale = a.drop.active ? a.drop.keep_scale : 1.f;
+  const int G = a.item_group, ng = kWarpSize / G;
+  const int gi = lane / G, lg = lane % G;
+  uint64_t seed, offset;
+  drop_begin<FEAT>(a.drop, seed, offset);
 
   // gatv2: owners go to warps round-robin, so that each warp's d att
   // partial (summed over its owners) is the same in every run
@@ -481,9 +580,12 @@ __device__ __forceinline__ void cols_pass(const BwdArgs<T, I>& a,
     const Unit un = unit_of(a, c_begin + r);
     const int64_t col = un.owner, elo = un.elo, ehi = un.ehi;
     float* part = un.slot >= 0 ? a.part + un.slot * (HD_k + HF) : nullptr;
-    if constexpr (KIND != kDot)
+    if constexpr (KIND != kDot || LEAN)
       for (int i = lane; i < HD_k; i += kWarpSize)
         w.own[i] = to_float(a.own_a[col * HD_k + i]);
+    if constexpr (LEAN)
+      for (int i = lane; i < HF; i += kWarpSize)
+        w.vown[i] = to_float(a.own_b[col * HF + i]);
     for (int h = lane; h < H; h += kWarpSize) add_k[h] = 0.f;
 
     for (int pass = 0; pass < n_pass; ++pass) {
@@ -512,7 +614,10 @@ __device__ __forceinline__ void cols_pass(const BwdArgs<T, I>& a,
         const bool need_ds = KIND == kAdd   ? pass == 0
                              : KIND == kDot ? c0 < slots_k || (FEAT && a.ekv_shared)
                                             : true;
-        for (int it = lane; it < n * H; it += kWarpSize) {
+        if constexpr (LEAN)
+          cols_items_recompute<T, I, KIND, VW, OFF, FEAT>(
+              a, w, n, G, ng, gi, lg, qb, ob, db, lo, att, seed, offset);
+        for (int it = lane; !LEAN && it < n * H; it += kWarpSize) {
           const int e = (int)(((unsigned)it * h_magic) >> 20), h = it - e * H;
           const float2 pt = a.ebuf[w.e[e] * H + h];
           const float p = fabsf(pt.x);
@@ -640,7 +745,8 @@ __device__ __forceinline__ void cols_pass(const BwdArgs<T, I>& a,
 // or kPlainOwners consecutive owners. With stage_span > 0 a window whose
 // neighbours [lo, hi] number <= stage_span has their rows staged in shared
 // memory once (reused by every edge of the window).
-template <typename T, typename I, int KIND, bool VEC, bool COLS, bool FEAT>
+template <typename T, typename I, int KIND, bool VEC, bool COLS, bool FEAT,
+          bool LEAN>
 __global__ void __launch_bounds__(kMaxThreads)
     bwd_kernel(BwdArgs<T, I> a, const int64_t* __restrict__ windows,
                int stage_span) {
@@ -659,7 +765,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   const int n_warps = blockDim.x / kWarpSize;
   const BwdLayout L =
       bwd_layout(COLS, KIND, stage_span, H, HD_k, HF, HD_att, n_warps,
-                 sizeof(T));
+                 sizeof(T), LEAN);
   T* s_a = reinterpret_cast<T*>(smem);
   T* s_b = reinterpret_cast<T*>(smem + L.b);
   float* s_r = reinterpret_cast<float*>(smem + L.r);
@@ -707,11 +813,12 @@ __global__ void __launch_bounds__(kMaxThreads)
   WarpScratch w;
   w.own = f;
   if constexpr (COLS) {
-    w.own2 = w.own + (KIND == kDot ? 0 : pad4(HD_k));
+    w.own2 = w.own + (KIND == kDot && !LEAN ? 0 : pad4(HD_k));
     w.hv = w.own2 + pad4(HD_att);
     w.p = w.hv + H;
     w.t = w.p + H * kChunk;
     w.g = nullptr;
+    w.vown = w.hv + pad4(H + 2 * H * kChunk);  // (16-byte aligned)
     for (int i = lane; i < HD_att; i += kWarpSize) w.own2[i] = 0.f;
   } else {
     w.own2 = w.own + pad4(HD_k);
@@ -719,6 +826,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     w.p = w.hv + (KIND == kAdd ? 4 : 2) * H;
     w.t = w.p + H * kChunk;
     w.g = KIND == kAdd ? w.t + H * kChunk : nullptr;
+    w.vown = nullptr;
   }
   w.j = reinterpret_cast<int64_t*>(base + L.warp_bytes -
                                    2 * kChunk * sizeof(int64_t));
@@ -727,12 +835,11 @@ __global__ void __launch_bounds__(kMaxThreads)
 
   if constexpr (COLS) {
     if (staged)
-      cols_pass<T, I, KIND, VW, SLOTS, int, FEAT>(a, w, s_next, o_begin, o_end, s_a,
-                                            s_b, s_r, src_lo, s_att);
+      cols_pass<T, I, KIND, VW, SLOTS, int, FEAT, LEAN>(
+          a, w, s_next, o_begin, o_end, s_a, s_b, s_r, src_lo, s_att);
     else
-      cols_pass<T, I, KIND, VW, SLOTS, int64_t, FEAT>(a, w, s_next, o_begin, o_end,
-                                                a.nbr_a, a.nbr_b, a.drow, 0,
-                                                s_att);
+      cols_pass<T, I, KIND, VW, SLOTS, int64_t, FEAT, LEAN>(
+          a, w, s_next, o_begin, o_end, a.nbr_a, a.nbr_b, a.drow, 0, s_att);
     if constexpr (KIND == kGatv2) {
       // d att partial of this block: warps summed in a fixed order
       __syncthreads();
@@ -823,18 +930,19 @@ namespace detail {
 
 // One pass's launch: staged windows when given (and the layout fits), else
 // plain blocks; warps halved while the per-warp scratch does not fit.
-template <typename T, typename I, int KIND, bool VEC, bool COLS, bool FEAT>
+template <typename T, typename I, int KIND, bool VEC, bool COLS, bool FEAT,
+          bool LEAN>
 void launch(const BwdArgs<T, I>& args, const at::Tensor& ptr,
             int64_t n_edges, int64_t max_degree, const at::Tensor& windows,
             int64_t stage_nodes, int optin, at::Tensor* att_part,
             const at::TensorOptions& fopt) {
-  auto kernel = bwd_kernel<T, I, KIND, VEC, COLS, FEAT>;
+  auto kernel = bwd_kernel<T, I, KIND, VEC, COLS, FEAT, LEAN>;
   const int H = args.H, D = args.D;
   const int HD_k = KIND == kAdd ? H : H * D, HF = H * args.F;
   const int HD_att = KIND == kGatv2 ? H * D : 0;
   auto total = [&](int64_t span, int warps) {
     return bwd_layout(COLS, KIND, (int)span, H, HD_k, HF, HD_att, warps,
-                      sizeof(T))
+                      sizeof(T), LEAN)
         .total;
   };
   int warps = kStagedWarps;
@@ -913,6 +1021,13 @@ void launch(const BwdArgs<T, I>& args, const at::Tensor& ptr,
   }
 }
 
+// PYG_DFGNN_BWD_STORE_MB (read per call, so that tests can switch it).
+inline double store_limit_bytes() {
+  const char* env = std::getenv("PYG_DFGNN_BWD_STORE_MB");
+  const double mb = env != nullptr && *env != '\0' ? std::atof(env) : 512.0;
+  return mb * 1024.0 * 1024.0;
+}
+
 template <typename T, typename I, int KIND, bool VEC, bool FEAT>
 void run_passes(Args& A, int optin) {
   const int64_t n_dst = A.rowptr.size(0) - 1, n_src = A.colptr.size(0) - 1;
@@ -922,7 +1037,11 @@ void run_passes(Args& A, int optin) {
   constexpr int VW = VEC ? Vec<T>::kWidth : 1;
   const int slots_k = KIND == kAdd ? 0 : H * D / VW, slots_v = H * F / VW;
   const auto fopt = A.value.options().dtype(at::kFloat);
-  auto ebuf = at::empty({E, H, 2}, fopt);
+  // (p, t) per edge and head: 8 * E * H bytes. Above the limit (the
+  // largest buffer worth its memory; PYG_DFGNN_BWD_STORE_MB, default 512)
+  // the backward is lean: the cols pass recomputes them.
+  const bool lean = (double)E * H * 8 > store_limit_bytes();
+  auto ebuf = lean ? at::Tensor() : at::empty({E, H, 2}, fopt);
   auto drow = at::empty({n_dst, H}, fopt);
   auto ptr = [](const at::Tensor& t) -> const T* {
     return t.defined() ? t.data_ptr<T>() : nullptr;
@@ -938,8 +1057,12 @@ void run_passes(Args& A, int optin) {
   a.drop = A.drop;
   a.ekv_shared = A.ekv_shared;
   a.drow = drow.data_ptr<float>();
-  a.ebuf = reinterpret_cast<float2*>(ebuf.data_ptr<float>());
+  a.ebuf = lean ? nullptr : reinterpret_cast<float2*>(ebuf.data_ptr<float>());
   a.H = H, a.D = D, a.F = F;
+  a.galpha = ptr(A.grad_alpha);
+  a.aperm = A.grad_alpha.defined() && A.attention_perm.defined()
+                ? A.attention_perm.data_ptr<I>() : nullptr;
+  a.galpha_dropped = A.alpha_dropped;
   a.item_group = std::min(8, next_pow2((std::max(D, F) + VW - 1) / VW));
   a.scale = (float)A.scale, a.slope = (float)A.slope;
 
@@ -952,20 +1075,18 @@ void run_passes(Args& A, int optin) {
   r.nbr_a = ptr(A.key);
   r.nbr_b = ptr(A.value);
   r.grad_a = A.grad_query.data_ptr<T>();
-  r.galpha = ptr(A.grad_alpha);
-  r.aperm = A.grad_alpha.defined() && A.attention_perm.defined()
-                ? A.attention_perm.data_ptr<I>() : nullptr;
-  r.galpha_dropped = A.alpha_dropped;
   r.n_owner = n_dst;
   r.group = std::min(32, next_pow2(std::max(1, slots_k)));
-  launch<T, I, KIND, VEC, false, FEAT>(r, A.rowptr, E, A.max_in_degree, A.windows,
-                                 A.stage_nodes, optin, nullptr, fopt);
+  launch<T, I, KIND, VEC, false, FEAT, false>(r, A.rowptr, E, A.max_in_degree,
+                                              A.windows, A.stage_nodes, optin,
+                                              nullptr, fopt);
   // cols pass: grad_key, grad_value, d att partials
   BwdArgs<T, I> c = a;
   c.ptr = A.colptr.data_ptr<int64_t>();
   c.idx = A.csc_row.data_ptr<I>();
   c.perm = A.csc_perm.data_ptr<I>();
   c.own_a = ptr(A.key);
+  c.own_b = ptr(A.value);  // (lean: the owner's value row)
   c.nbr_a = ptr(A.query);
   c.nbr_b = ptr(A.grad_out);
   c.grad_a = A.grad_key.data_ptr<T>();
@@ -977,9 +1098,11 @@ void run_passes(Args& A, int optin) {
   c.n_owner = n_src;
   c.group = std::min(32, next_pow2(slots_k + slots_v));
   at::Tensor att_part;
-  launch<T, I, KIND, VEC, true, FEAT>(c, A.colptr, E, A.max_out_degree,
-                                A.col_windows, A.col_stage_nodes, optin,
-                                KIND == kGatv2 ? &att_part : nullptr, fopt);
+  PYG_DFGNN_DISPATCH_BOOL(lean, LEAN, [&] {
+    launch<T, I, KIND, VEC, true, FEAT, LEAN>(
+        c, A.colptr, E, A.max_out_degree, A.col_windows, A.col_stage_nodes,
+        optin, KIND == kGatv2 ? &att_part : nullptr, fopt);
+  });
   if (KIND == kGatv2) A.grad_att.copy_(att_part.sum(0).view({H, D}));
 }
 

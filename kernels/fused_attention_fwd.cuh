@@ -17,7 +17,9 @@
 //      too when H*F is short), 4 neighbours unrolled, earlier chunks'
 //      partial sums rescaled by the new max.
 // PMF (rows too long for SMMF's shared memory; any degree):
-//   a. edge-parallel SDDMM -> scores [E, H] fp32 in global memory;
+//   a. edge-parallel SDDMM -> scores [E, H] fp32 in global memory ('dot',
+//      'gatv2' and attention weights; 'add' otherwise forms its scalar
+//      scores in b., so that no [E, H] buffer exists);
 //   b. softmax + SpMM, a warp per segment of <= kSegEdges edges of one row;
 //      rows of one segment finish in place, longer rows write partial
 //      (max, sum, unnormalised acc) per segment;
@@ -476,8 +478,10 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// b. softmax + SpMM, a warp per segment.
-template <typename T, typename I, bool VEC, bool FEAT>
+// b. softmax + SpMM, a warp per segment. ADD_SCORES: 'add' scores computed
+// here (a scalar op per edge and head, the same as the SDDMM's) instead of
+// read from an [E, H] buffer that then never exists.
+template <typename T, typename I, bool VEC, bool FEAT, bool ADD_SCORES>
 __global__ void __launch_bounds__(kThreads)
     pmf_softmax_spmm_kernel(FwdArgs<T, I> a, const float* __restrict__ scores,
                             const int64_t* __restrict__ seg_ptr,
@@ -505,16 +509,26 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t es = a.rowptr[r] + kseg * kSegEdges;
   const int64_t ee = es + kSegEdges < a.rowptr[r + 1] ? es + kSegEdges : a.rowptr[r + 1];
   const int n = ee > es ? (int)(ee - es) : 0;
+  auto score = [&](int64_t e, int h) -> float {
+    if constexpr (ADD_SCORES) {
+      float x = to_float(a.q[r * H + h]) +
+                to_float(a.k[(int64_t)a.col[e] * H + h]);
+      if ((FEAT && a.et.es != nullptr)) x += to_float(a.et.es[e * H + h]);
+      return leaky_relu(x, a.slope);
+    } else {
+      return scores[e * H + h];
+    }
+  };
 
   // pass 1: max and sum per head
   for (int h = 0; h < H; ++h) {
     float m = -INFINITY;
     for (int e = lane; e < n; e += kWarpSize)
-      m = fmaxf(m, scores[(es + e) * H + h]);
+      m = fmaxf(m, score(es + e, h));
     m = warp_max(m);
     float sum = 0.f;
     for (int e = lane; e < n; e += kWarpSize)
-      sum += expf(scores[(es + e) * H + h] - m);
+      sum += expf(score(es + e, h) - m);
     sum = warp_sum(sum);
     if (lane == 0) s_m[h] = m, s_l[h] = sum;
   }
@@ -539,7 +553,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int x = lane; x < tn * H; x += kWarpSize) {
         const int e = x / H, h = x - e * H;
         s_p[h * kTileEdges + e] =
-            expf(scores[(es + t0 + e) * H + h] - s_m[h]) *
+            expf(score(es + t0 + e, h) - s_m[h]) *
             drop_factor<FEAT>(a.drop, seed, offset, es + t0 + e, h);
       }
       if (lane < tn) s_j[lane] = (int64_t)a.col[es + t0 + lane];
@@ -775,7 +789,10 @@ void run_pmf(const Launch& L) {
   const int64_t n_dst = L.n_dst, n_edges = L.n_edges, H = L.H, F = L.F;
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const auto fopts = L.value.options().dtype(at::kFloat);
-  auto scores = at::empty({n_edges, H}, fopts);
+  // 'add' without attention weights: no scores buffer (E * H * 4 bytes,
+  // 3.7 GB at full Reddit size with 8 heads); the softmax kernel forms them.
+  const bool add_scores = L.kind == kAdd && !L.alpha.defined();
+  auto scores = add_scores ? at::Tensor() : at::empty({n_edges, H}, fopts);
   // Segments: ceil(deg / kSegEdges) per row (>= 1, empty rows write zeros);
   // rows of several segments get partial slots, merged by the combine kernel.
   auto deg = L.rowptr.slice(0, 1) - L.rowptr.slice(0, 0, n_dst);
@@ -797,7 +814,7 @@ void run_pmf(const Launch& L) {
   PYG_DFGNN_DISPATCH_INDEX(L.col.scalar_type(), "fused_attention_fwd", [&] {
     PYG_DFGNN_DISPATCH_BOOL(L.vec, VEC, [&] {
       const auto a = make_args<scalar_t, index_t, VEC>(L);
-      if (n_edges > 0) {
+      if (n_edges > 0 && !add_scores) {
         const int group = L.kind == kAdd ? 1 : L.qk_group;
         const int64_t items = n_edges * H;
         const int64_t items_per_warp =
@@ -814,15 +831,18 @@ void run_pmf(const Launch& L) {
         });
       }
      PYG_DFGNN_DISPATCH_BOOL(L.features(), FEAT, [&] {
-      auto kernel = pmf_softmax_spmm_kernel<scalar_t, index_t, VEC, FEAT>;
+      PYG_DFGNN_DISPATCH_BOOL(add_scores, ADD_SCORES, [&] {
+      auto kernel =
+          pmf_softmax_spmm_kernel<scalar_t, index_t, VEC, FEAT, ADD_SCORES>;
       allow_smem(kernel, bytes);
       kernel<<<(unsigned)((seg_bound + kWarps - 1) / kWarps), kThreads, bytes,
-               stream>>>(a, scores.data_ptr<float>(),
+               stream>>>(a, add_scores ? nullptr : scores.data_ptr<float>(),
                          seg_ptr.data_ptr<int64_t>(),
                          slot_ptr.data_ptr<int64_t>(),
                          part_acc.data_ptr<float>(), part_ml.data_ptr<float>(),
                          seg_bound);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
      });
     });
   });
