@@ -10,6 +10,9 @@ row 1 = destination), sorted by destination then source, without duplicates.
   of n nodes each; every node draws ``avg_in_degree`` sources uniformly (with
   replacement) from its own graph, duplicates are dropped (so the in-degree
   averages a little less, e.g. ~41.6 of 51 for pattern-like: 5.05M edges).
+* ``zinc-like``: 4,096 graphs of 23 nodes, 2 draws per node (~181K edges):
+  molecule-sized batches; ``arxiv-like``: 169,343 nodes, 1.17M uniform
+  random edges (both from anchors.md's second run).
 * ``reddit-like-1/5``: destination of rank r (ranks are a random permutation
   of the nodes) draws ``c * r**-0.5`` uniform sources, c set by the edge
   budget (23M); deduplication leaves the top node ~22.7K in-edges.
@@ -51,6 +54,11 @@ GRAPHS: Dict[str, GraphSpec] = {
                               num_graphs=1024),
     'pattern-like': GraphSpec('batch', nodes_per_graph=119, avg_in_degree=51,
                               num_graphs=1024),
+    # molecule-sized batches (ZINC / molpcba): 4,096 graphs x 23 nodes
+    'zinc-like': GraphSpec('batch', nodes_per_graph=23, avg_in_degree=2,
+                           num_graphs=4096),
+    'arxiv-like': GraphSpec('uniform', num_nodes=169343,
+                            num_edges=1166243),
     'reddit-like-1/5': GraphSpec('powerlaw', num_nodes=232965,
                                  num_edges=23_000_000),
     # full Reddit scale (114.6M edges, ~1.8 GB of edge_index): opt-in only

@@ -68,6 +68,13 @@ _H200 = {
     ('pattern-like', '4x32'): dict(unfused_fwd=28.6, dfgnn_fwd=1.72,
                                    unfused_fb=61.1, floor_us=65,
                                    sdpa_fwd=0.704, sdpa_fwd_bf16=0.340),
+    # anchors.md's second run (DF-GNN built beside ours, same inputs)
+    ('zinc-like', '1x128'): dict(dfgnn_fwd=0.144, dfgnn_fb=0.437,
+                                 sdpa_fwd=0.443, sdpa_fwd_bf16=0.304),
+    ('zinc-like', '4x32'): dict(dfgnn_fwd=0.244, sdpa_fwd=0.544,
+                                sdpa_fwd_bf16=0.965),
+    ('arxiv-like', '1x128'): dict(dfgnn_fwd=0.519, dfgnn_fb=1.64),
+    ('arxiv-like', '4x32'): dict(dfgnn_fwd=0.805),
     ('reddit-like-1/5', '1x128'): dict(unfused_fwd=96.5, dfgnn_fwd=15.6,
                                        unfused_fb=201, floor_us=137),
     # DF-GNN's output is wrong here (rel. err 1.1); shown, marked '!'
