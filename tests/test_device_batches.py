@@ -102,7 +102,7 @@ def test_padding_keeps_real_results(tmp_path):
     assert (extra >= n).all() and torch.equal(extra[0], extra[1])
     assert pad.dfgraph.in_degree.max() <= pad.dfgraph.max_in_degree
     assert pad.attn_graph.in_degree.max() <= pad.attn_graph.max_in_degree
-    assert store.padded_sizes(ids, True) == (
+    assert store.padded_sizes(ids, True, num_slots=5) == (
         pad.num_nodes, pad.edge_index.size(1), pad.attn_graph.num_edges)
     # The fused op (reference path) gives the same real rows.
     torch.manual_seed(0)
@@ -116,6 +116,60 @@ def test_padding_keeps_real_results(tmp_path):
                 torch.stack([g_pad.col.long(), g_pad.row]),
                 num_nodes=pad.num_nodes).csc()):
             assert torch.equal(x.long(), y.long())
+
+
+def test_padded_shapes_are_few_and_fixed(tmp_path):
+    # A captured step compiles one CUDA graph per padded shape: two epochs
+    # of pattern-gps's training order (batch 32, a partial last batch)
+    # give at most size_levels' shapes per split, the partial batch none of
+    # its own, and no full batch is padded past twice its real sizes.
+    from pyg_dfgnn.train.batching import LEVELS
+    from pyg_dfgnn.train.capture import batch_key
+    cfg = load_config('configs/pattern-gps.yaml', [
+        f'dataset.dir={tmp_path}/d', 'dataset.size=120'])
+    bundle = build_datasets(cfg)
+    size = cfg.train.batch_size
+    for split, ds in bundle.splits().items():
+        store = GraphStore(ds, 'cpu')
+        loader = DeviceLoader(store, size, shuffle=True,
+                              generator=torch.Generator().manual_seed(0),
+                              attention=True, pad=True, num_slots=size)
+        levels = store.size_levels(size, True)
+        assert 1 <= len(levels) <= LEVELS
+        keys = set()
+        for _ in range(2):
+            for batch in loader:
+                keys.add(batch_key(batch))
+                n, e = batch.num_real_nodes, int(batch.node_mask.sum())
+                assert n == e
+                shape = (batch.num_nodes, batch.edge_index.size(1),
+                         batch.attn_graph.num_edges)
+                assert shape in levels
+                assert batch.ptr.numel() == size + 1
+                assert batch.dfgraph._bounds.numel() == size + 2
+                if batch.num_graphs == size:
+                    real = (n, int((batch.edge_index[0] < n).sum()),
+                            int((batch.ptr.diff()**2).sum()))
+                    for padded, r in zip(shape, real):
+                        assert padded <= 2 * r
+        assert len(keys) <= len(levels), (split, keys)
+
+
+def test_partial_batch_pads_graph_level_rows(tmp_path):
+    _, bundle = bundle_of(tmp_path)
+    graphs = []
+    for i in range(len(bundle.train)):
+        d = bundle.train[i]
+        d.g = torch.tensor([[float(i), 1.0]])  # a graph-level attribute
+        graphs.append(d)
+    store = GraphStore(graphs, 'cpu')
+    a = store.batch(torch.tensor([0, 1, 2, 3]), pad=True, num_slots=4)
+    b = store.batch(torch.tensor([5]), pad=True, num_slots=4)
+    assert a.g.shape == b.g.shape == (4, 2) and b.num_graphs == 1
+    assert torch.equal(b.g[0], torch.tensor([5.0, 1.0]))
+    assert not b.g[1:].any()
+    assert b.ptr.tolist() == [0] + [b.num_real_nodes] * 4
+    assert torch.equal(store.batch(torch.tensor([5])).g, b.g[:1])
 
 
 @pytest.mark.parametrize('backend', ['dfgnn', 'pyg'])

@@ -18,10 +18,14 @@ the device, with no host sync and no host-to-device copy:
 * ``attn_graph`` (optional): the block-diagonal complete graph of the batch
   (every node attends to the nodes of its graph), for GPS's global attention
   through the fused op instead of padding every graph to the largest;
-* padding (optional, for a captured step): nodes and edges rounded up to a
-  few size buckets. Padding nodes form a segment after the real nodes and
-  carry only self-loops (no edge touches a real node); ``node_mask`` marks
-  the real nodes, so that loss, metrics and batch-norm statistics skip them.
+* padding (optional, for a captured step): every batch padded to one of a
+  few fixed shapes per split (:meth:`GraphStore.size_levels`): ``num_slots``
+  graph slots (the last, partial batch of an epoch too), and nodes, edges
+  and attention edges together to one of ``levels`` caps, geometric from a
+  typical full batch to the largest possible one. Padding nodes form a
+  segment after the real nodes and carry only self-loops (no edge touches a
+  real node); ``node_mask`` marks the real nodes, so that loss, metrics and
+  batch-norm statistics skip them.
 """
 from __future__ import annotations
 
@@ -98,6 +102,20 @@ class GraphBatch:
             elif isinstance(v, (int, float)):
                 parts.append(f'{k}={v}')
         return f'GraphBatch({", ".join(parts)})'
+
+
+#: Padded shapes per split and slot count (:meth:`GraphStore.size_levels`).
+LEVELS = 4
+#: The smallest level: a full batch's mean sizes plus SPREAD standard
+#: deviations (about 7 % of full batches go above it, to the next level).
+SPREAD = 1.5
+#: Node caps leave room for padding edges up to this fraction of the edge
+#: caps (as self-loops of at most the maximum in-degree).
+NODE_ROOM = 0.25
+
+
+def _round_up(x: float, to: int = 32) -> int:
+    return -(-int(math.ceil(x)) // to) * to
 
 
 def bucket(n: int, steps: int = 8) -> int:
@@ -229,6 +247,13 @@ class GraphStore:
         self._edge_keys = [k for k, a in self._attrs.items()
                            if torch.equal(a[2], self.num_edges_host)
                            and k not in self._node_keys]
+        # Graph-level attributes (one row per graph): padded to the slots.
+        self._graph_keys = [k for k, a in self._attrs.items()
+                            if k not in self._node_keys
+                            and k not in self._edge_keys
+                            and bool((a[2] == 1).all())]
+        self._levels: Dict[Tuple[int, int, int],
+                           List[Tuple[int, int, int]]] = {}
 
     def __len__(self) -> int:
         return self.num_graphs
@@ -241,24 +266,92 @@ class GraphStore:
         e = self.num_edges_host.index_select(0, ids)
         return int(n.sum()), int(e.sum()), int((n * n).sum())
 
+    def size_levels(self, slots: int, attention: bool,
+                    levels: int = LEVELS) -> List[Tuple[int, int, int]]:
+        r"""The padded shapes ``[(N, E, E_att)]`` of batches of at most
+        ``slots`` graphs, smallest first: at most ``levels`` of them, fixed
+        per split (computed once, host arithmetic on the graph sizes).
+
+        For each size (nodes, edges, attention edges ``sum n^2``), the
+        smallest cap is a typical full batch plus :data:`SPREAD` standard
+        deviations of a random batch's sum, the largest the sum of the
+        ``slots`` largest graphs (no batch exceeds it); the caps between are
+        geometric. The node caps get room for the padding nodes that carry
+        the padding edges (self-loops, at most the dataset's degrees)."""
+        key = (int(slots), bool(attention), int(levels))
+        cached = self._levels.get(key)
+        if cached is not None:
+            return cached
+        g = self.num_graphs
+        b = max(1, min(int(slots), g))
+        n = self.num_nodes_host.double()
+        sizes = [n, self.num_edges_host.double()]
+        if attention:
+            sizes.append(n * n)
+        caps = []
+        for v in sizes:
+            top = float(v.topk(b).values.sum()) if g else 1.0
+            # Sum of b draws without replacement: its mean and spread.
+            fpc = (g - b) / (g - 1) if g > 1 else 0.0
+            std = float(v.std()) if g > 1 else 0.0
+            base = b * float(v.mean()) + SPREAD * std * math.sqrt(b * fpc) \
+                if g else 1.0
+            base = max(1.0, min(base, top))
+            k = max(1, int(levels))
+            caps.append([top if k == 1 else
+                         base * (top / base)**(i / (k - 1))
+                         for i in range(k)])
+        d_in = max(1, self.max_in_degree)
+        width = max(1, self.max_nodes)
+        out: List[Tuple[int, int, int]] = []
+        for i in range(len(caps[0])):
+            e_cap = _round_up(caps[1][i])
+            ea_cap = _round_up(caps[2][i]) if attention else 0
+            # Room for the padding edges of a batch whose edges fall short
+            # of the cap by NODE_ROOM of it (fewer nodes move up a level).
+            room = max(e_cap * NODE_ROOM / d_in, ea_cap * NODE_ROOM / width)
+            shape = (_round_up(caps[0][i] + room + 1), e_cap, ea_cap)
+            if not out or shape != out[-1]:
+                out.append(shape)
+        self._levels[key] = out
+        return out
+
     def padded_sizes(self, ids: Tensor, attention: bool,
-                     steps: int = 8) -> Tuple[int, int, int]:
-        """``(N, E, E_att)`` rounded up to size buckets, with enough padding
-        nodes (at least one) to carry the padding edges as self-loops of at
-        most the dataset's degrees."""
+                     num_slots: Optional[int] = None,
+                     levels: int = LEVELS) -> Tuple[int, int, int]:
+        """``(N, E, E_att)`` of the graphs ``ids`` padded to the smallest
+        of :meth:`size_levels` that holds them, with enough padding nodes
+        (at least one) to carry the padding edges as self-loops of at most
+        the dataset's degrees. A batch that none holds (one near the largest
+        node count with far fewer edges than the largest: its padding edges
+        need more padding nodes than the top level leaves room for; none in
+        the shipped configs) gets its sizes rounded up by :func:`bucket`,
+        a shape of its own."""
         n, e, ea = self.sizes(ids)
-        e_pad = bucket(e, steps)
-        ea_pad = bucket(ea, steps) if attention else 0
+        slots = ids.numel() if num_slots is None else int(num_slots)
+        for n_pad, e_pad, ea_pad in self.size_levels(slots, attention,
+                                                     levels):
+            if e <= e_pad and (ea <= ea_pad or not attention) and \
+                    n + self._padding_nodes(e, ea, e_pad, ea_pad,
+                                            attention) <= n_pad:
+                return n_pad, e_pad, ea_pad
+        e_pad = bucket(e)
+        ea_pad = bucket(ea) if attention else 0
+        need = self._padding_nodes(e, ea, e_pad, ea_pad, attention)
+        return bucket(n + need), e_pad, ea_pad
+
+    def _padding_nodes(self, e: int, ea: int, e_pad: int, ea_pad: int,
+                       attention: bool) -> int:
         need = max(1, -(-(e_pad - e) // max(1, self.max_in_degree)))
         if attention:
             need = max(need, -(-(ea_pad - ea) // max(1, self.max_nodes)))
-        return bucket(n + need, steps), e_pad, ea_pad
+        return need
 
     # ------------------------------------------------------------------ batch
     def batch(self, ids: Tensor, ids_device: Optional[Tensor] = None, *,
               dfgraph: bool = True, attention: bool = False,
               pad: bool = False, num_slots: Optional[int] = None,
-              steps: int = 8) -> GraphBatch:
+              levels: int = LEVELS) -> GraphBatch:
         r"""The batch of graphs ``ids``.
 
         Args:
@@ -270,12 +363,15 @@ class GraphStore:
             dfgraph (bool): build ``dfgraph`` (needs destination-sorted
                 edges).
             attention (bool): build ``attn_graph``.
-            pad (bool): pad nodes and edges to size buckets
-                (:meth:`padded_sizes`).
+            pad (bool): pad nodes and edges to the split's fixed shapes
+                (:meth:`padded_sizes`), graph-level attributes and ``ptr``
+                to ``num_slots`` graphs (empty slots), so that a batch's
+                tensor shapes depend only on its level.
             num_slots (int, optional): graph slots of the window and dense
                 layouts (fixed across batches for a captured step; default:
                 the number of graphs).
-            steps (int): bucket sizes per power of two.
+            levels (int): padded shapes per split
+                (:meth:`size_levels`).
         """
         dev = self.device
         ids = ids.to(torch.int64)
@@ -287,7 +383,8 @@ class GraphStore:
             raise ValueError(f'num_slots ({slots}) < graphs ({b})')
         n, e, ea = self.sizes(ids)
         if pad:
-            n_pad, e_pad, ea_pad = self.padded_sizes(ids, attention, steps)
+            n_pad, e_pad, ea_pad = self.padded_sizes(ids, attention, slots,
+                                                     levels)
         else:
             n_pad, e_pad, ea_pad = n, e, ea
         ids_d = ids_device
@@ -306,11 +403,17 @@ class GraphStore:
             idx, _ = _ranges(ptr.index_select(0, ids_d),
                              counts_d.index_select(0, ids_d), total)
             out[key] = value.index_select(0, idx)
-        ptr = torch.cat([off, off.new_full((1, ), n)])
+        # Empty slots (padded batches) end where the real graphs end.
+        ptr = torch.cat([off, off.new_full((slots - b + 1 if pad else 1, ),
+                                           n)])
         n_extra, e_extra = n_pad - n, e_pad - e
         node_mask = None
         if pad:
             node_mask = torch.arange(n_pad, device=dev) < n
+            for key in self._graph_keys:  # zero rows for the empty slots
+                v = out[key]
+                out[key] = torch.cat(
+                    [v, v.new_zeros((slots - b, ) + tuple(v.shape[1:]))])
             for keys, extra in ((self._node_keys, n_extra),
                                 (self._edge_keys, e_extra)):
                 for key in keys:  # zero rows

@@ -5,9 +5,11 @@ the host issues them slower than the GPU runs them. Captured once per batch
 shape and replayed, the whole step (forward, backward, clipping, optimizer,
 metric update) costs one launch.
 
-Shapes repeat because the device loader pads batches to a few size buckets
-(:meth:`~pyg_dfgnn.train.batching.GraphStore.padded_sizes`): one graph is
-captured per ``(graphs, nodes, edges, attention edges)`` bucket. The first
+Shapes repeat because the device loader pads batches to a few fixed shapes
+per split (:meth:`~pyg_dfgnn.train.batching.GraphStore.size_levels`: graph
+slots fixed, the epoch's partial last batch included; nodes, edges and
+attention edges padded together to one of 4 levels): one graph is captured
+per ``(slots, nodes, edges, attention edges)`` shape. The first
 batch of a bucket runs eagerly (the warm-up capture needs: lazily created
 handles, optimizer state), the second is captured and replayed, later ones
 are copied into the captured batch's tensors and replayed. The step itself
@@ -26,10 +28,12 @@ from pyg_dfgnn.train.batching import BatchGraph, GraphBatch
 
 
 def batch_key(batch: GraphBatch) -> Tuple[int, ...]:
-    """What fixes a batch's tensor shapes."""
+    """What fixes a batch's tensor shapes (a padded batch's graph-level
+    tensors have ``num_slots`` rows whatever its number of graphs)."""
     attn = getattr(batch, 'attn_graph', None)
-    return (batch.num_graphs, batch.num_nodes, batch.edge_index.size(1),
-            -1 if attn is None else attn.num_edges)
+    padded = getattr(batch, 'node_mask', None) is not None
+    return (batch.num_slots if padded else batch.num_graphs, batch.num_nodes,
+            batch.edge_index.size(1), -1 if attn is None else attn.num_edges)
 
 
 def _graph_tensors(g: BatchGraph) -> Tuple[Tensor, ...]:

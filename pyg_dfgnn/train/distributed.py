@@ -374,11 +374,13 @@ class ShardedDeviceLoader:
         loader = self.loader
         order = self._ids(loader.order())
         order_dev = order.to(loader.store.device)
+        kw = dict(loader.batch_kwargs)
+        if kw.get('num_slots') is not None:  # padded: a rank's batch size
+            kw['num_slots'] = self.batch_size
         for start in range(0, order.numel(), self.batch_size):
             yield loader.store.batch(
                 order[start:start + self.batch_size],
-                order_dev[start:start + self.batch_size],
-                **loader.batch_kwargs)
+                order_dev[start:start + self.batch_size], **kw)
 
 
 def shard_loaders(train_loader: Any, eval_loaders: Dict[str, Any],
