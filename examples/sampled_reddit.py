@@ -9,10 +9,14 @@ format (CSR with self-loops, CSC for the backward) is built per batch; the
 run reports the time of sampling, of that build and of the training step
 apart, so one sees which one bounds the epoch.
 
-One GPU, or several with DDP (the global ``--batch-size`` split over ranks)::
+One GPU, or several with DDP (the global ``--batch-size`` split over ranks;
+with ``--per-rank-batch`` each rank samples ``--batch-size`` seeds per step,
+so an epoch takes ``1 / world_size`` of the steps)::
 
     python examples/sampled_reddit.py --epochs 3
     torchrun --nproc_per_node=2 examples/sampled_reddit.py --epochs 3
+    torchrun --nproc_per_node=2 examples/sampled_reddit.py --epochs 3 \
+        --per-rank-batch
     python examples/sampled_reddit.py --scale 0.01 --avg-degree 20 \
         --device cpu --epochs 1          # small, on a CPU
 
@@ -53,7 +57,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument('--fanout', default='25,10',
                    help='neighbours per hop, comma-separated (-1: all)')
     p.add_argument('--batch-size', type=int, default=1024,
-                   help='seed nodes per step over all ranks')
+                   help='seed nodes per step over all ranks (with '
+                   '--per-rank-batch: per rank)')
+    p.add_argument('--per-rank-batch', action='store_true',
+                   help='weak scaling under torchrun: each rank samples '
+                   '--batch-size seeds per step (global batch x world '
+                   'size, steps per epoch / world size); default: '
+                   '--batch-size is split over the ranks')
     p.add_argument('--epochs', type=int, default=1)
     p.add_argument('--max-steps', type=int, default=0,
                    help='stop each epoch after this many steps (0: all)')
@@ -123,7 +133,8 @@ def train_epoch(model, net, loader, optimizer, ctx, args) -> Dict[str, Any]:
         {'loss': loss_sum, 'correct': correct, 'seen': seen}, ctx)
     return {'train_loss': tot['loss'] / max(tot['seen'], 1),
             'train_acc': tot['correct'] / max(tot['seen'], 1),
-            'steps': int(steps), 'epoch_time_s': seconds,
+            'steps': int(steps), 'seeds': int(tot['seen']),
+            'epoch_time_s': seconds,
             'seeds_per_s': tot['seen'] / seconds,
             **{f'{k}_s': v for k, v in phases.seconds.items()}}
 
@@ -143,7 +154,8 @@ def main(argv=None) -> Dict[str, Any]:
     ctx = distributed.init(args.device)
     log = ctx.rank0(print)
     fanout = [int(k) for k in args.fanout.split(',')]
-    batch = distributed.per_rank_batch_size(args.batch_size, ctx)
+    batch = distributed.per_rank_batch_size(
+        args.batch_size, ctx, 'per_rank' if args.per_rank_batch else 'global')
     t = time.perf_counter()
     data = reddit_like(args.scale, avg_degree=args.avg_degree,
                        seed=args.seed, device=ctx.device)

@@ -1,13 +1,22 @@
 #!/usr/bin/env bash
 # One call on a 2-GPU machine (nvidia-h200-x2): data-parallel scaling of the
 # runner (pattern-gps) and of sampled Reddit-size training, 1 GPU vs 2 GPUs
-# (torchrun, NCCL, NVLink multicast off), the same epochs and seed. Writes
-# $OUT/ddp-scaling.json (throughput ratio and final accuracies per workload)
-# and the logs; prints the table last.
+# (torchrun, NCCL, NVLink multicast off), the same epochs and seed, in two
+# modes (DDP_BATCH):
+#   global    strong scaling: the batch of all ranks together is the 1-GPU
+#             batch (each rank half of it, the 1-GPU steps per epoch);
+#   per_rank  weak scaling: each rank takes the 1-GPU batch (global batch
+#             doubled, half the steps per epoch; train.ddp_batch=per_rank,
+#             sampled_reddit.py --per-rank-batch).
+# Writes $OUT/ddp-scaling.json (throughput ratio and final accuracies per
+# workload and mode) and the logs; prints the table last.
 #
 #   run (kind nvidia-h200-x2): bash scripts/ddp-check.sh
-#   EPOCHS=5 PATTERN_SIZE=2000 REDDIT_EPOCHS=3 STAGES="build pattern reddit"
-#   (the defaults; all stages fit one 10-minute call)
+#   EPOCHS=3 PATTERN_SIZE=2000 REDDIT_EPOCHS=2 DDP_BATCH="global per_rank"
+#   STAGES="build pattern reddit" DEADLINE=560 (the defaults). Each stage's
+#   time limit is cut to what is left of DEADLINE seconds (a stage with
+#   less than 20 s left is skipped), so the table prints inside one
+#   10-minute call.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
   NVSHMEM_DISABLE_NVLS=1
@@ -20,15 +29,25 @@ OUT=${OUT:-./ddp-out}
 RUNS=$(mktemp -d)
 mkdir -p "$OUT"
 STAGES=${STAGES:-"build pattern reddit"}
-EPOCHS=${EPOCHS:-5}
+EPOCHS=${EPOCHS:-3}
 PATTERN_SIZE=${PATTERN_SIZE:-2000}  # training graphs (val/test: 1/5 each)
-REDDIT_EPOCHS=${REDDIT_EPOCHS:-3}
+REDDIT_EPOCHS=${REDDIT_EPOCHS:-2}
+DDP_BATCH=${DDP_BATCH:-"global per_rank"}
+DEADLINE=${DEADLINE:-560}
+START=$(date +%s)
 PY=${PYTHON:-python}
 has() { [[ " $STAGES " == *" $1 "* ]]; }
+mode() { [[ " $DDP_BATCH " == *" $1 "* ]]; }
 stage() {  # stage NAME TIMEOUT_S CMD...
   local name=$1 limit=$2 t=$(date +%s)
+  local left=$(( DEADLINE - (t - START) ))
   shift 2
-  echo "=== $name: $*"
+  if (( left < 20 )); then
+    echo "=== $name: skipped, ${left}s left of DEADLINE=${DEADLINE}s"
+    return
+  fi
+  (( limit > left )) && limit=$left
+  echo "=== $name (limit ${limit}s): $*"
   timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1
   echo "--- $name rc=$? $(( $(date +%s) - t ))s"
   grep -v Warning "$OUT/$name.log" | tail -n 6
@@ -41,19 +60,29 @@ if has pattern; then
   stage pattern-1gpu 150 $PY -m pyg_dfgnn train \
     --cfg configs/pattern-gps.yaml optim.max_epoch=$EPOCHS \
     dataset.size=$PATTERN_SIZE out_dir=$RUNS/1gpu train.progress_bar=False
-  stage pattern-2gpu 120 $PY -m torch.distributed.run --nproc_per_node=2 \
-    -m pyg_dfgnn train --cfg configs/pattern-gps.yaml \
-    optim.max_epoch=$EPOCHS dataset.size=$PATTERN_SIZE \
-    out_dir=$RUNS/2gpu train.progress_bar=False
   cp $RUNS/1gpu/*/*/results.json "$OUT/pattern-1gpu.json" 2>/dev/null
-  cp $RUNS/2gpu/*/*/results.json "$OUT/pattern-2gpu.json" 2>/dev/null
+  for m in global per_rank; do
+    mode $m || continue
+    suffix=$([[ $m == global ]] && echo "" || echo "-$m")
+    stage pattern-2gpu$suffix 120 $PY -m torch.distributed.run \
+      --nproc_per_node=2 -m pyg_dfgnn train --cfg configs/pattern-gps.yaml \
+      optim.max_epoch=$EPOCHS dataset.size=$PATTERN_SIZE \
+      out_dir=$RUNS/2gpu-$m train.progress_bar=False train.ddp_batch=$m
+    cp $RUNS/2gpu-$m/*/*/results.json "$OUT/pattern-2gpu$suffix.json" \
+      2>/dev/null
+  done
 fi
 if has reddit; then
   stage reddit-1gpu 90 $PY examples/sampled_reddit.py \
     --epochs $REDDIT_EPOCHS --json "$OUT/reddit-1gpu.json"
-  stage reddit-2gpu 90 $PY -m torch.distributed.run --nproc_per_node=2 \
-    examples/sampled_reddit.py --epochs $REDDIT_EPOCHS \
-    --json "$OUT/reddit-2gpu.json"
+  for m in global per_rank; do
+    mode $m || continue
+    suffix=$([[ $m == global ]] && echo "" || echo "-$m")
+    stage reddit-2gpu$suffix 90 $PY -m torch.distributed.run \
+      --nproc_per_node=2 examples/sampled_reddit.py \
+      --epochs $REDDIT_EPOCHS --json "$OUT/reddit-2gpu$suffix.json" \
+      $([[ $m == per_rank ]] && echo --per-rank-batch)
+  done
 fi
 $PY - "$OUT" <<'EOF'
 import json, os, sys
@@ -62,41 +91,56 @@ def load(name):
     path = os.path.join(out, name)
     return json.load(open(path)) if os.path.exists(path) else None
 rows = {}
-p1, p2 = load('pattern-1gpu.json'), load('pattern-2gpu.json')
-if p1 and p2:
+def pattern_speed(r):
     # Epoch 0 carries one-time costs (warm-up); compare the later epochs.
-    def speed(r):
-        h = r['history'][1:] or r['history']
-        return sum(e['graphs_per_s'] for e in h) / len(h)
-    rows['pattern-gps'] = {
-        'graphs_per_s': [speed(p1), speed(p2)],
-        'scaling': speed(p2) / speed(p1),
-        'test_metric': [p1['final']['test_metric'],
-                        p2['final']['test_metric']],
-        'epochs': [p1['epochs_done'], p2['epochs_done']]}
-r1, r2 = load('reddit-1gpu.json'), load('reddit-2gpu.json')
-if r1 and r2:
-    def speed(r):
-        h = r['history'][1:] or r['history']
-        return sum(e['seeds_per_s'] for e in h) / len(h)
-    rows['sampled-reddit'] = {
-        'seeds_per_s': [speed(r1), speed(r2)],
-        'scaling': speed(r2) / speed(r1),
-        'test_acc': [r1['history'][-1]['test_acc'],
-                     r2['history'][-1]['test_acc']],
-        'epochs': [len(r1['history']), len(r2['history'])],
-        # Where a 1-GPU epoch goes: sampling vs the DF format build vs
-        # the training step (seconds, last epoch).
-        'phases_1gpu_s': {k: r1['history'][-1].get(k) for k in
-                          ('sample_s', 'format_s', 'step_s')}}
+    h = r['history'][1:] or r['history']
+    return sum(e['graphs_per_s'] for e in h) / len(h)
+def reddit_speed(r):
+    h = r['history'][1:] or r['history']
+    return sum(e['seeds_per_s'] for e in h) / len(h)
+p1 = load('pattern-1gpu.json')
+for mode, suffix in (('global', ''), ('per_rank', '-per_rank')):
+    p2 = load(f'pattern-2gpu{suffix}.json')
+    if p1 and p2:
+        rows[f'pattern-gps {mode}'] = {
+            'graphs_per_s': [pattern_speed(p1), pattern_speed(p2)],
+            'scaling': pattern_speed(p2) / pattern_speed(p1),
+            'test_metric': [p1['final']['test_metric'],
+                            p2['final']['test_metric']],
+            'epochs': [p1['epochs_done'], p2['epochs_done']],
+            'steps_per_epoch': [p1['history'][-1].get('train_steps'),
+                                p2['history'][-1].get('train_steps')]}
+r1 = load('reddit-1gpu.json')
+for mode, suffix in (('global', ''), ('per_rank', '-per_rank')):
+    r2 = load(f'reddit-2gpu{suffix}.json')
+    if r1 and r2:
+        rows[f'sampled-reddit {mode}'] = {
+            'seeds_per_s': [reddit_speed(r1), reddit_speed(r2)],
+            'scaling': reddit_speed(r2) / reddit_speed(r1),
+            'test_acc': [r1['history'][-1]['test_acc'],
+                         r2['history'][-1]['test_acc']],
+            'epochs': [len(r1['history']), len(r2['history'])],
+            'steps_per_epoch': [r1['history'][-1]['steps'],
+                                r2['history'][-1]['steps']],
+            # Where an epoch goes: sampling vs the DF format build vs the
+            # training step (seconds, last epoch; 2 GPUs: rank 0).
+            'phases_1gpu_s': {k: r1['history'][-1].get(k) for k in
+                              ('sample_s', 'format_s', 'step_s')},
+            'phases_2gpu_s': {k: r2['history'][-1].get(k) for k in
+                              ('sample_s', 'format_s', 'step_s')}}
 json.dump(rows, open(os.path.join(out, 'ddp-scaling.json'), 'w'), indent=2)
-print('\n| workload | 1 GPU | 2 GPUs | scaling | accuracy 1 / 2 GPUs |')
-print('|---|---|---|---|---|')
+print('\n| workload, ddp batch | 1 GPU | 2 GPUs | scaling | steps/epoch '
+      '1 / 2 GPUs | accuracy 1 / 2 GPUs |')
+print('|---|---|---|---|---|---|')
 for name, r in rows.items():
     speeds = r.get('graphs_per_s') or r['seeds_per_s']
     acc = r.get('test_metric') or r['test_acc']
+    steps = r['steps_per_epoch']
     print(f'| {name} | {speeds[0]:.0f}/s | {speeds[1]:.0f}/s | '
-          f'{r["scaling"]:.2f}x | {acc[0]:.4f} / {acc[1]:.4f} |')
-if 'sampled-reddit' in rows:
-    print('1-GPU epoch, seconds:', rows['sampled-reddit']['phases_1gpu_s'])
+          f'{r["scaling"]:.2f}x | {steps[0]} / {steps[1]} | '
+          f'{acc[0]:.4f} / {acc[1]:.4f} |')
+for name, r in rows.items():
+    if 'phases_1gpu_s' in r:
+        print(f'{name}: epoch seconds 1 GPU {r["phases_1gpu_s"]}, '
+              f'2 GPUs (rank 0) {r["phases_2gpu_s"]}')
 EOF

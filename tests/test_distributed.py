@@ -55,6 +55,84 @@ def test_per_rank_batch_size():
         D.per_rank_batch_size(15, D.DistContext(world_size=2))
 
 
+def test_per_rank_batch_size_per_rank_mode():
+    ctx = D.DistContext(world_size=2)
+    assert D.per_rank_batch_size(15, ctx, 'per_rank') == 15
+    assert D.per_rank_batch_size(16, ctx, 'global') == 8
+    with pytest.raises(ValueError, match='ddp_batch'):
+        D.per_rank_batch_size(16, ctx, 'local')
+
+
+class _FakeStore:
+    device = torch.device('cpu')
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def batch(self, ids, ids_dev, **kw):
+        return ids.tolist()
+
+
+class _FakeDeviceLoader:
+    """What ShardedDeviceLoader reads of a DeviceLoader."""
+    def __init__(self, n, batch_size, seed):
+        self.store, self.batch_size = _FakeStore(n), batch_size
+        self.batch_kwargs, self.seed = {}, seed
+
+    def order(self):
+        return torch.randperm(self.store.n,
+                              generator=torch.Generator().manual_seed(
+                                  self.seed))
+
+
+@pytest.mark.parametrize('loader', ['device', 'pyg'])
+@pytest.mark.parametrize('n', [160, 161])
+def test_per_rank_shards_cover_the_epoch_once(loader, n):
+    """train.ddp_batch per_rank: each of 2 ranks takes batch_size (16)
+    samples per step, half the steps of one process; the ranks' batches
+    together are the epoch's order (every sample once, plus the wrap-around
+    padding of an odd count)."""
+    from torch.utils.data import DataLoader
+    world, size = 2, 16
+    parts, orders, evaluated = [], [], []
+    for rank in range(world):
+        ctx = D.DistContext(rank=rank, world_size=world)
+        if loader == 'device':
+            base = _FakeDeviceLoader(n, size, seed=3)
+            orders.append(base.order().tolist())
+            train = D.ShardedDeviceLoader(base, ctx, pad=True,
+                                          mode='per_rank')
+            evals = D.ShardedDeviceLoader(base, ctx, pad=False,
+                                          mode='per_rank')
+        else:
+            gen = torch.Generator().manual_seed(3)
+            base = DataLoader(list(range(n)), batch_size=size, shuffle=True,
+                              generator=gen)
+            train = D._sharded_dataloader(base, ctx, shuffle=True,
+                                          mode='per_rank')
+            evals = D._sharded_dataloader(
+                DataLoader(list(range(n)), batch_size=size), ctx,
+                shuffle=False, mode='per_rank')
+        batches = [list(map(int, b)) for b in train]
+        assert len(batches) == len(train) == -(-(-(-n // world)) // size)
+        assert all(len(b) <= size for b in batches)
+        parts.append(batches)
+        evaluated += [int(i) for b in evals for i in b]
+    assert len(parts[0]) == len(parts[1]) < -(-n // size)  # fewer steps
+    assert sorted(evaluated) == list(range(n))  # evaluation: no padding
+    seen = [i for p in parts for b in p for i in b]
+    assert sorted(set(seen)) == list(range(n))  # every sample ...
+    assert len(seen) == n + (n % world and world - n % world)  # ... once
+    if loader == 'device':  # global step s: the order's slice of 32
+        want = orders[0] + orders[0][:len(seen) - n]
+        for s in range(len(parts[0])):
+            got = sorted(parts[0][s] + parts[1][s])
+            assert got == sorted(want[2 * size * s:2 * size * (s + 1)])
+
+
 @pytest.mark.parametrize('metric', ['accuracy', 'accuracy-SBM', 'mae'])
 def test_metric_counts_add_up(metric):
     from pyg_dfgnn.train.runner import compute_metric
@@ -168,3 +246,29 @@ def test_torchrun_resume_is_exact(tmp_path):
     keys = ('train_loss', 'val_loss', 'val_metric', 'test_metric')
     assert [[r[k] for k in keys] for r in resumed['history']] == \
         [[r[k] for k in keys] for r in full['history']]
+
+
+def test_torchrun_per_rank_batch(tmp_path):
+    """train.ddp_batch per_rank, 2 processes: each rank takes 16 graphs per
+    step, so an epoch of the 160 training graphs is 5 steps per rank (10
+    alone), all 160 graphs once, and the run trains."""
+    two, out = _train(tmp_path, 'per_rank', 2, 'train.ddp_batch=per_rank',
+                      'optim.max_epoch=3')
+    assert two['world_size'] == 2
+    assert two['config']['train']['ddp_batch'] == 'per_rank'
+    assert '2 ranks x 16 graphs per step' in out and \
+        '5 steps per epoch' in out
+    h = two['history']
+    assert len(h) == 3
+    for row in h:
+        assert row['train_steps'] == 5
+        assert row['train_graphs'] == 160
+    assert h[-1]['train_loss'] < h[0]['train_loss']
+    # The LR schedule stays per epoch (warm-up/cosine over max_epoch).
+    from pyg_dfgnn.train.config import load_config
+    from pyg_dfgnn.train.runner import lr_factor
+    cfg = load_config(os.path.join(ROOT, 'configs', 'demo.yaml'),
+                      ['optim.max_epoch=3'])
+    for row in h:
+        assert row['lr'] == pytest.approx(
+            cfg.optim.base_lr * lr_factor(cfg, row['epoch']))

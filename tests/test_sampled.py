@@ -207,7 +207,8 @@ def test_format_build_out_of_memory_says_what_to_do(monkeypatch):
         DFGraph.from_edge_index(edge_index, num_nodes=3)
 
 
-def test_sampled_example_under_torchrun(tmp_path):
+@pytest.mark.parametrize('per_rank', [False, True])
+def test_sampled_example_under_torchrun(tmp_path, per_rank):
     import json
     import os
     import socket
@@ -223,7 +224,8 @@ def test_sampled_example_under_torchrun(tmp_path):
                                            'sampled_reddit.py'),
          '--scale', '0.01', '--avg-degree', '20', '--device', 'cpu',
          '--epochs', '1', '--batch-size', '128', '--hidden', '32',
-         '--fanout', '8,4', '--json', str(out)],
+         '--fanout', '8,4', '--json', str(out)] +
+        (['--per-rank-batch'] if per_rank else []),
         capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads(out.read_text())
@@ -231,4 +233,13 @@ def test_sampled_example_under_torchrun(tmp_path):
     assert proc.stdout.count('epoch 0:') == 1  # rank 0 logs alone
     # Both ranks' seeds together: the epoch covers the training split.
     n_train = int(reddit_like(0.01, avg_degree=20).train_mask.sum())
-    assert r['history'][0]['steps'] == -(-n_train // 128)
+    h = r['history'][0]
+    # Each rank gets ceil(n_train / 2) seeds (DistributedSampler pads);
+    # global: 64 per rank and step, per rank: 128 (half the steps).
+    per_rank_seeds = -(-n_train // 2)
+    assert h['seeds'] == 2 * per_rank_seeds
+    if per_rank:
+        assert h['steps'] == -(-per_rank_seeds // 128)
+        assert h['steps'] < -(-n_train // 128)
+    else:
+        assert h['steps'] == -(-n_train // 128)

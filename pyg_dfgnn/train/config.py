@@ -154,6 +154,14 @@ SCHEMA: Dict[str, Any] = {
         'capture': _f(False, bool,
                       help='training step as CUDA graphs, batches padded '
                       'to size buckets (CUDA, loader device)'),
+        'ddp_batch': _f('global', choices=('global', 'per_rank'),
+                        help='data parallel (torchrun): global = '
+                        'batch_size is the batch of all ranks together '
+                        '(each takes batch_size / world_size; the steps of '
+                        'one process); per_rank = each rank takes '
+                        'batch_size graphs per step (global batch x '
+                        'world_size, steps per epoch / world_size, the LR '
+                        'schedule still per epoch); alone: no difference'),
         'progress_bar': _f(True),
         'time_limit_s': _f(0.0, float, min=0.0,
                            help='stop (checkpointed, resumable) after the '

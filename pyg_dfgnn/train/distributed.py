@@ -13,6 +13,10 @@ What a data-parallel run needs besides ``DistributedDataParallel``:
 * the training order split over ranks so that each optimizer step sees,
   over all ranks together, the batch a one-process run would see
   (:class:`ShardedOrder`; ``train.batch_size`` stays the global batch);
+  or, with ``train.ddp_batch: per_rank`` (weak scaling), each rank takes
+  ``batch_size`` samples per step, so that the global batch grows with the
+  ranks and an epoch takes ``1 / world_size`` of the steps (the same
+  sharded order: every sample still once per epoch);
 * metrics over the whole split, not one rank's part (:func:`reduce_sums`,
   :func:`reduce_metric`);
 * one writer: logs, progress bars, results and checkpoints on rank 0
@@ -24,7 +28,7 @@ import datetime
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -155,7 +159,9 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 class ShardedOrder(Sampler):
     r"""This rank's part of a training order, for a DataLoader with
-    ``batch_size = global_batch // world_size``.
+    ``batch_size = global_batch // world_size`` (``ddp_batch`` global) or
+    ``batch_size`` (``per_rank``: the global batch is ``batch_size *
+    world_size``; the split is the same).
 
     ``order_fn(epoch)`` gives the order of all ``n`` samples (the same on
     every rank: drawn from the seed and the epoch). It is padded by wrapping
@@ -184,9 +190,24 @@ class ShardedOrder(Sampler):
         return iter(order[self.ctx.rank::self.ctx.world_size])
 
 
-def per_rank_batch_size(batch_size: int, ctx: DistContext) -> int:
-    """``batch_size`` is the global batch; each rank takes an equal part."""
+#: How ``batch_size`` is read under torchrun (``train.ddp_batch``).
+DDP_BATCH_MODES = ('global', 'per_rank')
+
+
+def per_rank_batch_size(batch_size: int, ctx: DistContext,
+                        mode: str = 'global') -> int:
+    """The batch each rank takes per step. ``mode`` ``'global'``:
+    ``batch_size`` is the global batch, each rank takes an equal part
+    (strong scaling: the steps per epoch of one process); ``'per_rank'``:
+    each rank takes ``batch_size`` (weak scaling: the global batch is
+    ``batch_size * world_size``, the steps per epoch divided by
+    ``world_size``)."""
     from pyg_dfgnn.train.config import ConfigError
+    if mode not in DDP_BATCH_MODES:
+        raise ConfigError(f'ddp_batch must be one of {DDP_BATCH_MODES}, '
+                          f'got {mode!r}')
+    if mode == 'per_rank':
+        return batch_size
     if batch_size % ctx.world_size:
         raise ConfigError(
             f'train.batch_size {batch_size} is the global batch and must be '
@@ -350,13 +371,14 @@ class ShardedDeviceLoader:
     r"""A :class:`~pyg_dfgnn.train.batching.DeviceLoader`'s batches split
     over the ranks: the loader's order (the same on every rank) cut as
     :class:`ShardedOrder` cuts it, ``batch_size // world_size`` graphs per
-    rank and step. Training orders are padded by wrap-around to equal step
-    counts (the gradient all-reduce needs them); evaluation orders are not,
-    so that every graph counts once (evaluation has no collective per
-    batch)."""
-    def __init__(self, loader: Any, ctx: DistContext, pad: bool) -> None:
+    rank and step (``mode`` ``'per_rank'``: ``batch_size``). Training
+    orders are padded by wrap-around to equal step counts (the gradient
+    all-reduce needs them); evaluation orders are not, so that every graph
+    counts once (evaluation has no collective per batch)."""
+    def __init__(self, loader: Any, ctx: DistContext, pad: bool,
+                 mode: str = 'global') -> None:
         self.loader, self.ctx, self.pad = loader, ctx, pad
-        self.batch_size = per_rank_batch_size(loader.batch_size, ctx)
+        self.batch_size = per_rank_batch_size(loader.batch_size, ctx, mode)
 
     def _ids(self, order: Tensor) -> Tensor:
         world, n = self.ctx.world_size, order.numel()
@@ -384,24 +406,28 @@ class ShardedDeviceLoader:
 
 
 def shard_loaders(train_loader: Any, eval_loaders: Dict[str, Any],
-                  ctx: Optional[DistContext] = None):
+                  ctx: Optional[DistContext] = None, mode: str = 'global'):
     """The runner's loaders, each rank its part (unchanged alone): device
     loaders by :class:`ShardedDeviceLoader`, PyG ``DataLoader`` s by a
     :class:`ShardedOrder` sampler that draws the order as ``DataLoader``
-    draws it (same generator, same draws)."""
+    draws it (same generator, same draws). ``mode``
+    (``train.ddp_batch``): what the loaders' ``batch_size`` means, see
+    :func:`per_rank_batch_size`; the order and its split do not depend on
+    it."""
     ctx = ctx or _current
     if not ctx.enabled:
         return train_loader, eval_loaders
     if hasattr(train_loader, 'store'):
-        return (ShardedDeviceLoader(train_loader, ctx, pad=True),
-                {k: ShardedDeviceLoader(v, ctx, pad=False)
+        return (ShardedDeviceLoader(train_loader, ctx, pad=True, mode=mode),
+                {k: ShardedDeviceLoader(v, ctx, pad=False, mode=mode)
                  for k, v in eval_loaders.items()})
-    return (_sharded_dataloader(train_loader, ctx, shuffle=True),
-            {k: _sharded_dataloader(v, ctx, shuffle=False)
+    return (_sharded_dataloader(train_loader, ctx, shuffle=True, mode=mode),
+            {k: _sharded_dataloader(v, ctx, shuffle=False, mode=mode)
              for k, v in eval_loaders.items()})
 
 
-def _sharded_dataloader(loader: Any, ctx: DistContext, shuffle: bool):
+def _sharded_dataloader(loader: Any, ctx: DistContext, shuffle: bool,
+                        mode: str = 'global'):
     from torch.utils.data import DataLoader
 
     n = len(loader.dataset)
@@ -418,7 +444,8 @@ def _sharded_dataloader(loader: Any, ctx: DistContext, shuffle: bool):
     else:  # evaluation: every sample once, no padding
         sampler = list(range(ctx.rank, n, ctx.world_size))
     return DataLoader(loader.dataset,
-                      batch_size=per_rank_batch_size(loader.batch_size, ctx),
+                      batch_size=per_rank_batch_size(loader.batch_size, ctx,
+                                                     mode),
                       sampler=sampler, generator=gen,
                       num_workers=loader.num_workers,
                       collate_fn=loader.collate_fn,

@@ -290,8 +290,10 @@ def run_epoch(model, loader, cfg: Config, device: torch.device,
     # step on the GPU (read after the pass), host time on the CPU.
     events: List[Tuple[Any, Any]] = []
     compute = 0.0
+    steps = 0
     with torch.set_grad_enabled(training):
         for batch in bar:
+            steps += 1
             if not isinstance(batch, GraphBatch):  # PyG DataLoader's
                 batch = batch.to(device, non_blocking=True)
             if device.type == 'cuda':
@@ -317,6 +319,7 @@ def run_epoch(model, loader, cfg: Config, device: torch.device,
     return {
         'loss': result['loss'], 'metric': result['metric'],
         'time_s': seconds, 'compute_time_s': compute,
+        'steps': steps, 'graphs': result['graphs'],
         'graphs_per_s': result['graphs'] / seconds if seconds > 0 else
         float('nan'),
         'nodes_per_s': result['nodes'] / seconds if seconds > 0 else
@@ -537,8 +540,8 @@ def train(cfg: Config, resume: bool = False, bundle=None,
     order = torch.Generator()
     train_loader, eval_loaders = make_loaders(cfg, bundle, device, model,
                                               order, capture)
-    train_loader, eval_loaders = distributed.shard_loaders(train_loader,
-                                                           eval_loaders)
+    train_loader, eval_loaders = distributed.shard_loaders(
+        train_loader, eval_loaders, mode=cfg.train.ddp_batch)
     stats = {split: EpochStats(cfg.metric_best, bundle.dim_out, device)
              for split in ('train', 'val', 'test')}
 
@@ -570,6 +573,12 @@ def train(cfg: Config, resume: bool = False, bundle=None,
         f"{device}, {num_params} params, data {cfg.dataset.format}/"
         f"{cfg.dataset.name} {len(bundle.train)}/{len(bundle.val)}/"
         f"{len(bundle.test)} graphs")
+    if dctx.enabled:
+        per_rank = distributed.per_rank_batch_size(
+            cfg.train.batch_size, dctx, cfg.train.ddp_batch)
+        log(f'data parallel: {dctx.world_size} ranks x {per_rank} graphs '
+            f'per step (train.ddp_batch {cfg.train.ddp_batch}), '
+            f'{len(train_loader)} steps per epoch')
     log(_format_row({}, header=True))
     for row in history:
         log(_format_row(row))
@@ -588,6 +597,8 @@ def train(cfg: Config, resume: bool = False, bundle=None,
             'compute_time_s': tr['compute_time_s'],
             'graphs_per_s': tr['graphs_per_s'],
             'nodes_per_s': tr['nodes_per_s'],
+            # This rank's steps; the graphs of all ranks together.
+            'train_steps': tr['steps'], 'train_graphs': tr['graphs'],
         }
         last = epoch == cfg.optim.max_epoch - 1
         if (epoch + 1) % cfg.train.eval_period == 0 or last:
