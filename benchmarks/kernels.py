@@ -29,7 +29,7 @@ sys.path[:0] = [HERE, os.path.dirname(HERE)]  # graphs/timing; pyg_dfgnn
 from graphs import DEFAULT_GRAPHS, GRAPHS, make_dfgraph  # noqa: E402
 from timing import (guard_oom, Timer, environment, default_out, free_memory, make_parser,
                     resolve_run,  # noqa
-                    gpu_family, is_oom, peak_memory_mb, print_table, rel_err,
+                    gpu_family, peak_memory_mb, speedup, print_table, rel_err,
                     save_json)
 
 DTYPES = {'fp32': torch.float32, 'bf16': torch.bfloat16,
@@ -134,12 +134,6 @@ def unfused_attention(edge_index: torch.Tensor, num_nodes: int,
     return scatter(msg, dst, dim=0, dim_size=num_nodes, reduce='sum')
 
 
-def _speedup(base: Optional[float], ours: Optional[float]) -> Optional[float]:
-    if base is None or ours is None or ours <= 0:
-        return None
-    return base / ours
-
-
 
 
 def bench_case(graph_name: str, graph, edge_index, num_nodes: int,
@@ -240,18 +234,14 @@ def bench_case(graph_name: str, graph, edge_index, num_nodes: int,
     anchors = anchors_for(graph_name, shape, family) if family or \
         device.type == 'cuda' else {}
     row['anchors'] = anchors
-    num = lambda x: x if isinstance(x, float) else None  # noqa: E731
-    row['x_unfused_fwd'] = _speedup(num(row['unfused_fwd']),
-                                    num(row['ours_fwd']))
-    row['x_unfused_fb'] = _speedup(num(row['unfused_fb']),
-                                   num(row['ours_fb']))
-    row['x_dfgnn_fwd'] = _speedup(anchors.get('dfgnn_fwd'),
-                                  num(row['ours_fwd']))
-    row['x_dfgnn_fb'] = _speedup(anchors.get('dfgnn_fb'), num(row['ours_fb']))
-    row['x_dfgnn_fb_ops'] = _speedup(anchors.get('dfgnn_fb'),
-                                     num(row['ours_fb_ops']))
-    row['x_dfgnn_fwd_ops'] = _speedup(anchors.get('dfgnn_fwd'),
-                                      num(row['ours_fwd_ops']))
+    row['x_unfused_fwd'] = speedup(row['unfused_fwd'], row['ours_fwd'])
+    row['x_unfused_fb'] = speedup(row['unfused_fb'], row['ours_fb'])
+    row['x_dfgnn_fwd'] = speedup(anchors.get('dfgnn_fwd'), row['ours_fwd'])
+    row['x_dfgnn_fb'] = speedup(anchors.get('dfgnn_fb'), row['ours_fb'])
+    row['x_dfgnn_fb_ops'] = speedup(anchors.get('dfgnn_fb'),
+                                    row['ours_fb_ops'])
+    row['x_dfgnn_fwd_ops'] = speedup(anchors.get('dfgnn_fwd'),
+                                     row['ours_fwd_ops'])
     # issue 3's gate: at least DF-GNN's speed, fwd and fwd+bwd of the
     # kernel ops (DF-GNN's kernels are timed the same way)
     gate = [x for x in (row['x_dfgnn_fwd_ops'], row['x_dfgnn_fb_ops'])
@@ -260,7 +250,7 @@ def bench_case(graph_name: str, graph, edge_index, num_nodes: int,
         if gate else None
     sdpa = anchors.get('sdpa_fwd_bf16' if dtype_name != 'fp32' else
                        'sdpa_fwd')
-    row['x_sdpa_fwd'] = _speedup(sdpa, num(row['ours_fwd']))
+    row['x_sdpa_fwd'] = speedup(sdpa, row['ours_fwd'])
     row['target'] = _target(graph_name, row) if anchors else None
     return row  # the inputs are freed with this frame
 
@@ -273,9 +263,7 @@ def _bf16_speedup(by_dtype: Dict[str, Dict]) -> None:
         row = by_dtype.get(name)
         if fp32 is None or row is None:
             continue
-        row['x_vs_fp32_fwd'] = _speedup(
-            fp32['ours_fwd'] if isinstance(fp32['ours_fwd'], float) else None,
-            row['ours_fwd'] if isinstance(row['ours_fwd'], float) else None)
+        row['x_vs_fp32_fwd'] = speedup(fp32['ours_fwd'], row['ours_fwd'])
         if (name == 'bf16' and row['target'] in ('ok', 'MISS')
                 and row['x_vs_fp32_fwd'] is not None
                 and row['x_vs_fp32_fwd'] < TARGET_BF16_VS_FP32):

@@ -16,7 +16,7 @@ Convs of pyg_dfgnn.nn that do not exist (yet) are skipped with a note.
 """
 import os
 import sys
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import torch
 
@@ -25,7 +25,8 @@ sys.path[:0] = [HERE, os.path.dirname(HERE)]  # graphs/timing; pyg_dfgnn
 from graphs import DEFAULT_GRAPHS, GRAPHS, make_graph  # noqa: E402
 from timing import (guard_oom, Timer, default_out, environment, free_memory, make_parser,
                     resolve_run,  # noqa
-                    is_oom, peak_memory_mb, print_table, rel_err, save_json)
+                    eval_errors, peak_memory_mb, print_table, rel_err,
+                    save_json, speedup)
 from kernels import DTYPES  # noqa: E402
 
 IN_CHANNELS = 128
@@ -155,22 +156,14 @@ def bench_pair(conv: str, graph_name: str, edge_index, num_nodes: int,
 
     row['err_fwd'] = row['err_bwd'] = None
     if ours is not None and not note:
-        got = guard_oom(lambda: _grads(ours, x, edge_index, grad))
-        want = guard_oom(lambda: _grads(ref, x, edge_index, grad)) \
-            if got != 'OOM' else 'OOM'
-        if 'OOM' in (got, want):
-            row['err_fwd'] = row['err_bwd'] = 'OOM'
-        else:
-            row['err_fwd'] = rel_err(got['out'], want['out'])
-            row['err_bwd'] = _grad_error(got, want)
-        got = want = None
+        row['err_fwd'], row['err_bwd'] = eval_errors(
+            lambda: _grads(ours, x, edge_index, grad),
+            lambda: _grads(ref, x, edge_index, grad), _grad_error)
         free_memory(device)
 
-    num = lambda v: v if isinstance(v, float) else None  # noqa: E731
-    ratio = lambda a, b: a / b if a is not None and b else None  # noqa
-    row['x_fwd'] = ratio(num(row['pyg_fwd']), num(row['ours_fwd']))
-    row['x_fb'] = ratio(num(row['pyg_fb']), num(row['ours_fb']))
-    row['x_mem'] = ratio(num(row['pyg_mem_mb']), num(row['ours_mem_mb']))
+    row['x_fwd'] = speedup(row['pyg_fwd'], row['ours_fwd'])
+    row['x_fb'] = speedup(row['pyg_fb'], row['ours_fb'])
+    row['x_mem'] = speedup(row['pyg_mem_mb'], row['ours_mem_mb'])
     row['pyg_anchor_h200'] = PYG_ANCHORS_H200.get((graph_name, conv))
     row['target'] = _target(graph_name, row) if x.is_cuda else None
     return row  # modules and inputs are freed with this frame

@@ -6,7 +6,7 @@ import platform
 import statistics
 import subprocess
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -108,6 +108,28 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     den = ref.norm().item()
     num = (out.double() - ref).norm().item()
     return num / den if den > 0 else num
+
+
+def speedup(base, ours) -> Optional[float]:
+    """``base / ours`` for two measurements; None where either is missing,
+    'OOM' or not positive."""
+    def measured(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if not measured(base) or not measured(ours) or ours <= 0:
+        return None
+    return base / ours
+
+
+def eval_errors(run_ours: Callable[[], Dict], run_ref: Callable[[], Dict],
+                grad_error: Callable[[Dict, Dict], float]) -> Tuple:
+    """``(err_fwd, err_bwd)`` of two runs returning ``{'out': ..., grads}``
+    (output vs output, ``grad_error`` over the gradients); ``('OOM', 'OOM')``
+    where either runs out of memory (the reference is skipped then)."""
+    got = guard_oom(run_ours)
+    want = guard_oom(run_ref) if got != 'OOM' else 'OOM'
+    if 'OOM' in (got, want):
+        return 'OOM', 'OOM'
+    return rel_err(got['out'], want['out']), grad_error(got, want)
 
 
 def device_name(device: torch.device) -> str:

@@ -38,7 +38,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # graphs/timing; pyg_dfgnn
 from graphs import GraphSpec, _batch, stats  # noqa: E402
 from timing import (guard_oom, Timer, default_out, environment, fmt,  # noqa: E402
-                    free_memory, is_oom, peak_memory_mb, print_table, rel_err,
+                    eval_errors, speedup,
+                    free_memory, peak_memory_mb, print_table, rel_err,
                     save_json)
 
 IN_CHANNELS, EDGE_DIM = 128, 16
@@ -245,22 +246,13 @@ def bench_row(cfg: Config, edge_index, num_nodes: int, dtype_name: str,
     row['ref_calls'] = counter['calls'] / steps if steps else None
 
     # sanity: in eval() mode (no dropout) both convs agree
-    row['err_fwd'] = row['err_bwd'] = None
     ref.eval(), ours.eval()
-    got = guard_oom(lambda: _grads(step, ours))
-    want = guard_oom(lambda: _grads(step, ref)) if got != 'OOM' else 'OOM'
-    if 'OOM' in (got, want):
-        row['err_fwd'] = row['err_bwd'] = 'OOM'
-    else:
-        row['err_fwd'] = rel_err(got['out'], want['out'])
-        row['err_bwd'] = _grad_error(got, want)
-    got = want = None
+    row['err_fwd'], row['err_bwd'] = eval_errors(
+        lambda: _grads(step, ours), lambda: _grads(step, ref), _grad_error)
     free_memory(device)
 
-    num = lambda v: v if isinstance(v, float) else None  # noqa: E731
-    ratio = lambda a, b: a / b if a is not None and b else None  # noqa
-    row['x_time'] = ratio(num(row['pyg_ms']), num(row['ours_ms']))
-    row['x_mem'] = ratio(num(row['pyg_mb']), num(row['ours_mb']))
+    row['x_time'] = speedup(row['pyg_ms'], row['ours_ms'])
+    row['x_mem'] = speedup(row['pyg_mb'], row['ours_mb'])
     return row  # modules and inputs are freed with this frame
 
 
