@@ -310,12 +310,22 @@ class DFGraph:
     Build one with :meth:`from_edge_index` (or let the convs do it: they cache
     one per ``edge_index`` tensor). A graph remembers the tensor it was built
     from; :meth:`check_fresh` raises if that tensor was modified in place.
+
+    Whoever knows the structure already (a batch of disjoint graphs built on
+    the device) passes it to the constructor so that nothing needs a host
+    sync: ``csc``, ``max_out_degree`` and ``graph_windows`` = ``(bounds,
+    span)``, graph boundaries that serve as both the row and the column
+    windows (graphs are contiguous in both orders), each reading at most
+    ``span`` nodes.
     """
     max_window_rows = 256  # owners of one window (see owner_windows)
 
     def __init__(self, rowptr: Tensor, col: Tensor, num_src: int,
                  perm: Optional[Tensor] = None,
-                 max_in_degree: Optional[int] = None) -> None:
+                 max_in_degree: Optional[int] = None,
+                 csc: Optional[Tuple[Tensor, Tensor, Tensor]] = None,
+                 max_out_degree: Optional[int] = None,
+                 graph_windows: Optional[Tuple[Tensor, int]] = None) -> None:
         self.rowptr = rowptr
         self.col = col
         self.num_src = int(num_src)
@@ -324,8 +334,11 @@ class DFGraph:
         if max_in_degree is None:
             max_in_degree = int(self.in_degree.max()) if self.num_dst else 0
         self.max_in_degree = int(max_in_degree)
-        self._csc: Optional[Tuple[Tensor, Tensor, Tensor]] = None
-        self._max_out_degree: Optional[int] = None
+        self._csc: Optional[Tuple[Tensor, Tensor, Tensor]] = csc
+        self._max_out_degree: Optional[int] = None if max_out_degree is None \
+            else int(max_out_degree)
+        self.graph_windows = None if graph_windows is None else (
+            graph_windows[0], int(graph_windows[1]))
         self._row: Optional[Tensor] = None
         # ('row' | 'col', max_nodes, pack_rows) -> row_windows / col_windows
         self._windows: dict = {}
@@ -458,6 +471,11 @@ class DFGraph:
 
     def _cached_windows(self, which: str, max_nodes: int,
                         pack_rows: int) -> Tuple[Optional[Tensor], int]:
+        if self.graph_windows is not None:
+            # none when a graph does not fit the staging capacity (the
+            # kernels then read global memory)
+            bounds, span = self.graph_windows
+            return (bounds, span) if 1 <= span <= max_nodes else (None, 0)
         key = (which, int(max_nodes), int(pack_rows))
         if key not in self._windows:
             with torch.inference_mode(False):  # cached, as row
@@ -523,6 +541,9 @@ class DFGraph:
             t.to(device) for t in self._csc)
         out._row = None if self._row is None else self._row.to(device)
         out._windows = {}
+        if self.graph_windows is not None:
+            out.graph_windows = (self.graph_windows[0].to(device),
+                                 self.graph_windows[1])
         return out
 
     def cuda(self) -> 'DFGraph':

@@ -146,7 +146,7 @@ def test_padded_shapes_are_few_and_fixed(tmp_path):
                          batch.attn_graph.num_edges)
                 assert shape in levels
                 assert batch.ptr.numel() == size + 1
-                assert batch.dfgraph._bounds.numel() == size + 2
+                assert batch.dfgraph.graph_windows[0].numel() == size + 2
                 if batch.num_graphs == size:
                     real = (n, int((batch.edge_index[0] < n).sum()),
                             int((batch.ptr.diff()**2).sum()))

@@ -40,41 +40,14 @@ from pyg_dfgnn.graph import DFGraph
 _INT32_MAX = 2**31 - 1
 
 
-class BatchGraph(DFGraph):
-    r"""A :class:`~pyg_dfgnn.DFGraph` of a batch of disjoint graphs whose
-    structure is known without reading the device: CSR and CSC given, the
-    kernels' row and column windows are the graph boundaries (``bounds``),
-    reading at most ``span`` nodes each, and the degrees are bounded by the
-    dataset's. Nothing about it needs a host sync."""
-
-    def __init__(self, rowptr: Tensor, col: Tensor, csc: Tuple[Tensor, Tensor,
-                                                             Tensor],
-                 bounds: Tensor, span: int, max_in_degree: int,
-                 max_out_degree: int) -> None:
-        super().__init__(rowptr, col, rowptr.numel() - 1,
-                         max_in_degree=max_in_degree)
-        self._csc = csc
-        self._max_out_degree = int(max_out_degree)
-        self._bounds, self._span = bounds, int(span)
-
-    def _cached_windows(self, which: str, max_nodes: int,
-                        pack_rows: int) -> Tuple[Optional[Tensor], int]:
-        # Graphs are contiguous in both orders: the same windows serve the
-        # rows (destinations) and the columns (sources); none when a graph
-        # does not fit the staging capacity (the kernels then read global
-        # memory, as for an unstructured graph).
-        if self._span < 1 or self._span > max_nodes:
-            return None, 0
-        return self._bounds, self._span
-
-
 class GraphBatch:
     r"""A batch built by :class:`GraphStore`: the attributes of PyG's
     ``Batch`` (``x``, ``y``, ``edge_index``, ``batch``, ``ptr``, ...) plus
 
-    * ``dfgraph`` (:class:`BatchGraph`): the local graph's format;
-    * ``attn_graph`` (:class:`BatchGraph`, optional): the block-diagonal
-      complete graph;
+    * ``dfgraph`` (:class:`~pyg_dfgnn.DFGraph`, structure given, no host
+      sync): the local graph's format;
+    * ``attn_graph`` (:class:`~pyg_dfgnn.DFGraph`, optional): the
+      block-diagonal complete graph;
     * ``node_mask`` (bool [N], or ``None`` without padding);
     * ``max_num_nodes`` (int): the dense width of the padded-attention
       layout, ``dense_index`` [N] (node -> row ``b * max_num_nodes + i``,
@@ -452,11 +425,12 @@ class GraphStore:
                 csc_row = torch.cat([csc_row, loops])
             rowptr = torch.cat([deg.new_zeros(1), deg.cumsum(0)])
             colptr = torch.cat([odeg.new_zeros(1), odeg.cumsum(0)])
-            out['dfgraph'] = BatchGraph(
-                rowptr, src.to(idx_dtype),
-                (colptr, csc_row.to(idx_dtype), csc_perm.to(idx_dtype)),
-                bounds, self.max_graph_nodes, self.max_in_degree,
-                self.max_out_degree)
+            out['dfgraph'] = DFGraph(
+                rowptr, src.to(idx_dtype), rowptr.numel() - 1,
+                max_in_degree=self.max_in_degree,
+                csc=(colptr, csc_row.to(idx_dtype), csc_perm.to(idx_dtype)),
+                max_out_degree=self.max_out_degree,
+                graph_windows=(bounds, self.max_graph_nodes))
         if attention:
             out['attn_graph'] = self._attention_graph(
                 cnt, off, batch[:n], n, ea, n_extra, ea_pad - ea, bounds,
@@ -479,7 +453,7 @@ class GraphStore:
 
     def _attention_graph(self, cnt: Tensor, off: Tensor, batch: Tensor,
                          n: int, ea: int, n_extra: int, ea_extra: int,
-                         bounds: Tensor, idx_dtype: torch.dtype) -> BatchGraph:
+                         bounds: Tensor, idx_dtype: torch.dtype) -> DFGraph:
         """The block-diagonal complete graph: CSR row ``i`` of graph ``g``
         holds all nodes of ``g`` in order; it is symmetric, so its CSC has
         the same pointers and CSC entry (source ``s``, destination ``d``) is
@@ -510,11 +484,12 @@ class GraphStore:
                 ea, ea + ea_extra, device=dev)])
             rowptr = torch.cat([starts, ea + torch.cat([
                 deg.new_zeros(1), deg.cumsum(0)])])
-        return BatchGraph(rowptr, col.to(idx_dtype),
-                          (rowptr, csc_row.to(idx_dtype),
-                           csc_perm.to(idx_dtype)),
-                          bounds, self.max_graph_nodes, self.max_nodes,
-                          self.max_nodes)
+        return DFGraph(rowptr, col.to(idx_dtype), rowptr.numel() - 1,
+                       max_in_degree=self.max_nodes,
+                       csc=(rowptr, csc_row.to(idx_dtype),
+                            csc_perm.to(idx_dtype)),
+                       max_out_degree=self.max_nodes,
+                       graph_windows=(bounds, self.max_graph_nodes))
 
 
 def _pad_loops(start: int, n_extra: int, e_extra: int,

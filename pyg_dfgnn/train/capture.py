@@ -24,7 +24,8 @@ from typing import Any, Callable, Dict, Tuple
 import torch
 from torch import Tensor
 
-from pyg_dfgnn.train.batching import BatchGraph, GraphBatch
+from pyg_dfgnn.graph import DFGraph
+from pyg_dfgnn.train.batching import GraphBatch
 
 
 def batch_key(batch: GraphBatch) -> Tuple[int, ...]:
@@ -36,8 +37,8 @@ def batch_key(batch: GraphBatch) -> Tuple[int, ...]:
             batch.edge_index.size(1), -1 if attn is None else attn.num_edges)
 
 
-def _graph_tensors(g: BatchGraph) -> Tuple[Tensor, ...]:
-    return (g.rowptr, g.col, *g._csc, g._bounds)
+def _graph_tensors(g: DFGraph) -> Tuple[Tensor, ...]:
+    return (g.rowptr, g.col, *g.csc(), g.graph_windows[0])
 
 
 def copy_batch(dst: GraphBatch, src: GraphBatch) -> None:
@@ -47,7 +48,7 @@ def copy_batch(dst: GraphBatch, src: GraphBatch) -> None:
         old = dst.__dict__.get(key)
         if isinstance(value, Tensor):
             old.copy_(value)
-        elif isinstance(value, BatchGraph):
+        elif isinstance(value, DFGraph):
             for a, b in zip(_graph_tensors(old), _graph_tensors(value)):
                 a.copy_(b)
         else:
