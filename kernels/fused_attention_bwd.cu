@@ -141,8 +141,8 @@ fused_attention_bwd_cuda(
   const at::Tensor es = edge_input(edge_score, "edge_score", {E, H});
   const at::Tensor ek = edge_input(edge_key, "edge_key", {E, H, D});
   const at::Tensor ev = edge_input(edge_value, "edge_value", {E, H, F});
-  TORCH_CHECK(!es.defined() || kind == kAdd,
-              "fused_attention_bwd: 'edge_score' is only used by 'add'");
+  TORCH_CHECK(!es.defined() || kind != kGatv2,
+              "fused_attention_bwd: 'edge_score' is not used by 'gatv2'");
   TORCH_CHECK(!ek.defined() || kind != kAdd,
               "fused_attention_bwd: 'edge_key' is not used by 'add'");
   TORCH_CHECK(dropout >= 0.0 && dropout < 1.0,

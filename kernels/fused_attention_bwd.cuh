@@ -21,7 +21,8 @@
 // Training features (runtime switches, as in the forward):
 //   edge terms: es / ek join the score recompute in both passes, ev the
 //   dp_ij = <dO_i, v_j + ev_ij> of the rows pass; their gradients are
-//   per-edge products the cols pass forms anyway -- d es = ds leaky'(z),
+//   per-edge products the cols pass forms anyway -- d es = ds leaky'(z)
+//   ('add') or ds ('dot'),
 //   d ek = scale ds q_i (dot) or ds att leaky'(z) (gatv2), d ev = p' dO_i --
 //   written by it to the edge's CSR row (TransformerConv's ek = ev: one
 //   gradient, both terms in the dV slots);
@@ -332,7 +333,11 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
             if (lg == 0 && ie[u] >= 0) {
               const int e = ie[u], h = ih[u];
               float sc = sp, gz = 1.f;
-              if constexpr (KIND == kDot) sc = sp * a.scale;
+              if constexpr (KIND == kDot) {
+                sc = sp * a.scale;
+                if ((FEAT && a.et.es != nullptr))
+                  sc += to_float(a.et.es[(cb + e) * H + h]);
+              }
               if constexpr (KIND == kAdd) {
                 float z = w.own[h] + to_float(kb[(OFF)w.j[e] * H + h]);
                 if ((FEAT && a.et.es != nullptr))
@@ -510,7 +515,10 @@ __device__ __forceinline__ void cols_items_recompute(
         const OFF ir = (OFF)w.j[e];
         const int64_t ecsr = w.e[e];
         float sc = sp, gz = 1.f;
-        if constexpr (KIND == kDot) sc = sp * a.scale;
+        if constexpr (KIND == kDot) {
+          sc = sp * a.scale;
+          if ((FEAT && a.et.es != nullptr)) sc += to_float(a.et.es[ecsr * H + h]);
+        }
         if constexpr (KIND == kAdd) {
           float z = to_float(qb[ir * H + h]) + w.own[h];
           if ((FEAT && a.et.es != nullptr)) z += to_float(a.et.es[ecsr * H + h]);
@@ -528,10 +536,9 @@ __device__ __forceinline__ void cols_items_recompute(
         const float t = p * dpe;
         w.p[h * C + e] = FEAT ? p * f : p;
         float ds = t - p * db[ir * H + h];
-        if constexpr (KIND == kAdd) {
-          ds *= gz;
+        if constexpr (KIND == kAdd) ds *= gz;
+        if constexpr (KIND != kGatv2)  // d es = ds (leaky' for 'add')
           if ((FEAT && a.g_es != nullptr)) a.g_es[ecsr * H + h] = from_float<T>(ds);
-        }
         w.t[h * C + e] = ds;
       }
     }
@@ -630,8 +637,10 @@ __device__ __forceinline__ void cols_pass(const BwdArgs<T, I>& a,
             float z = w.own[h] + to_float(qb[ir * H + h]);
             if ((FEAT && a.et.es != nullptr)) z += to_float(a.et.es[w.e[e] * H + h]);
             ds *= leaky_relu_grad(z, a.slope);
-            if ((FEAT && a.g_es != nullptr)) a.g_es[w.e[e] * H + h] = from_float<T>(ds);
           }
+          if constexpr (KIND != kGatv2)  // d es = ds (leaky' for 'add')
+            if ((FEAT && a.g_es != nullptr) && pass == 0)
+              a.g_es[w.e[e] * H + h] = from_float<T>(ds);
           w.t[h * C + e] = ds;
         }
         __syncwarp();

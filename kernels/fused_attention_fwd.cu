@@ -128,8 +128,8 @@ fused_attention_fwd_cuda(
       edge_input(edge_key_opt, "edge_key", {n_edges, H, D}, dtype, dev);
   const at::Tensor edge_value =
       edge_input(edge_value_opt, "edge_value", {n_edges, H, F}, dtype, dev);
-  TORCH_CHECK(!edge_score.defined() || kind == kAdd,
-              "fused_attention_fwd: 'edge_score' is only used by 'add'");
+  TORCH_CHECK(!edge_score.defined() || kind != kGatv2,
+              "fused_attention_fwd: 'edge_score' is not used by 'gatv2'");
   TORCH_CHECK(!edge_key.defined() || kind != kAdd,
               "fused_attention_fwd: 'edge_key' is not used by 'add'");
   TORCH_CHECK(dropout >= 0.0 && dropout < 1.0,

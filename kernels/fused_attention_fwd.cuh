@@ -283,6 +283,8 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
               float sc = group8_sum(part[u], G);
               if constexpr (KIND == kDot) sc *= a.scale;
               if (lg == 0 && eh[u][0] >= 0) {
+                if (KIND == kDot && (FEAT && a.et.es != nullptr))
+                  sc += to_float(a.et.es[(cb + eh[u][0]) * H + eh[u][1]]);
                 w.p[eh[u][1] * C + eh[u][0]] = sc;
                 if (sc_out != nullptr) sc_out[eh[u][0] * H + eh[u][1]] = sc;
               }
@@ -473,7 +475,12 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const float s = KIND == kAdd ? acc[u] : group_sum(acc[u], G);
-      if (lg == 0 && ii[u] >= 0) scores[ii[u]] = KIND == kDot ? s * a.scale : s;
+      if (lg == 0 && ii[u] >= 0) {
+        float sc = KIND == kDot ? s * a.scale : s;
+        if (KIND == kDot && (FEAT && a.et.es != nullptr))
+          sc += to_float(a.et.es[ii[u]]);
+        scores[ii[u]] = sc;
+      }
     }
   }
 }

@@ -22,7 +22,8 @@
 //           one window reads. SMMF stages them in shared memory (as many as
 //           fit); without windows it takes fixed windows of 16 rows.
 //   training features (all optional, per-edge tensors in CSR edge order):
-//     edge_score [E, H] ('add': added inside the LeakyReLU), edge_key
+//     edge_score [E, H] ('add': added inside the LeakyReLU; 'dot': added
+//     to the scaled dot product, scale <q_i, k_j + ek_ij> + es_ij), edge_key
 //     [E, H, D] ('dot': <q_i, k_j + ek_ij>; 'gatv2': inside the LeakyReLU),
 //     edge_value [E, H, F] (message v_j + ev_ij); dropout p on the
 //     attention weights (Philox from PyTorch's CUDA generator; the forward
@@ -81,6 +82,32 @@ fused_attention_bwd_cuda(
     const c10::optional<at::Tensor>& rng_state,
     const c10::optional<at::Tensor>& grad_alpha, int64_t attention,
     const c10::optional<at::Tensor>& attention_perm);
+
+// Raw edge attributes read through a CSR edge -> row map (edge_attr_rows.cu;
+// math in pyg_dfgnn/ops/edge_attr.py): for each CSR row i and edge p,
+// x_p = edge_attr[index[p]] (index undefined: p; index >= E_in: the row's
+// self-loop, x = mean (fill 1) / sum (fill 2) of the row's other x or
+// fill_row (fill 3)),
+//   dots    [E, H]        T[p, h] = <node_mat[i or 0, h], x_p>
+//   sums    [N, H, De]    S[i, h] = sum_p edge_weight[p, h] x_p   (float32)
+//   scatter [E_in, De]    d x of either (zeros first with scatter_zero)
+// Unrequested outputs are empty. Needs H <= kEdgeRowsMaxHeads and
+// H * De <= kEdgeRowsMaxHD.
+inline constexpr int kEdgeRowsMaxHeads = 16;
+inline constexpr int kEdgeRowsMaxHD = 512;
+std::tuple<at::Tensor, at::Tensor, at::Tensor> edge_attr_rows_cuda(
+    const at::Tensor& rowptr, const c10::optional<at::Tensor>& index,
+    int64_t num_edges, const at::Tensor& edge_attr, int64_t fill,
+    const c10::optional<at::Tensor>& fill_row,
+    const c10::optional<at::Tensor>& node_mat,
+    const c10::optional<at::Tensor>& edge_weight, bool dots, bool sums,
+    bool scatter, bool scatter_zero);
+
+inline constexpr const char* kEdgeAttrRowsSchema =
+    "edge_attr_rows(Tensor rowptr, Tensor? index, int num_edges, "
+    "Tensor edge_attr, int fill, Tensor? fill_row, Tensor? node_mat, "
+    "Tensor? edge_weight, bool dots, bool sums, bool scatter, "
+    "bool scatter_zero) -> (Tensor, Tensor, Tensor)";
 
 // The two ops' schemas (one definition: ops.cpp registers them in
 // pyg_dfgnn, the backward's stand-alone test build in its own namespace).

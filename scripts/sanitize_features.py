@@ -6,8 +6,9 @@
 Edge terms of every kind (TransformerConv's shared key-value term too), the
 attention weights with a gradient in a permuted order, and dropout, in SMMF
 (staged batch windows) and PMF (a super node), fp32 and bf16, scalar (F = 17)
-and vector paths. Cases from tests/test_features_cuda.py; exits non-zero if
-one is off.
+and vector paths; the raw edge attribute kernels. Cases from
+tests/test_features_cuda.py and tests/test_edge_attr_cuda.py; exits non-zero
+if one is off.
 """
 import importlib.util
 import sys
@@ -22,15 +23,24 @@ spec = importlib.util.spec_from_file_location(
     'test_features_cuda', ROOT / 'tests' / 'test_features_cuda.py')
 tf = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(tf)
+spec = importlib.util.spec_from_file_location(
+    'test_edge_attr_cuda', ROOT / 'tests' / 'test_edge_attr_cuda.py')
+te = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(te)
 
 CASES = [  # kind, edge terms, dtype, strategy, graph
     ('add', 'es+ev', torch.float32, 'smmf', 'batch'),
     ('add', 'es', torch.bfloat16, 'pmf', 'super'),
     ('dot', 'kv', torch.float32, 'smmf', 'batch'),
     ('dot', 'ek+ev', torch.bfloat16, 'pmf', 'super'),
+    ('dot', 'es+ev', torch.float32, 'smmf', 'batch'),
+    ('dot', 'es', torch.bfloat16, 'pmf', 'super'),
     ('gatv2', 'ek+ev', torch.float32, 'pmf', 'uniform'),
     ('gatv2', 'ek', torch.bfloat16, 'smmf', 'batch'),
 ]
+EDGE_ATTR = [  # raw edge attribute kernels: fill, graph, dtype
+    ('mean', 'super', torch.float32), ('const', 'random', torch.bfloat16),
+    ('none', 'one', torch.float32), ('add', 'empty', torch.float16)]
 DROPOUT = [('add', 'smmf', torch.float32), ('dot', 'pmf', torch.bfloat16),
            ('gatv2', 'smmf', torch.float32)]
 
@@ -40,7 +50,9 @@ def main() -> int:
     runs = [(tf.test_edge_terms_and_weights, c[:4] + (c[4], ), ' '.join(
         map(str, c))) for c in CASES] + [
             (tf.test_dropout_uses_one_mask_forward_and_backward, c,
-             'dropout ' + ' '.join(map(str, c))) for c in DROPOUT]
+             'dropout ' + ' '.join(map(str, c))) for c in DROPOUT] + [
+                 (te.test_dots_and_sums_match_reference, c,
+                  'edge_attr ' + ' '.join(map(str, c))) for c in EDGE_ATTR]
     for fn, args, name in runs:
         try:
             fn(*args)

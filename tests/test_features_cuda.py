@@ -24,8 +24,10 @@ pytestmark = pytest.mark.cuda
 TOL_OUT = {torch.float32: 2e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 TOL_GRAD = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 2e-2}
 # kind -> the edge terms of a case: es (score), ek (key), ev (value), kv (one
-# tensor as key and value: TransformerConv)
-EDGE_TERMS = {'add': ('es', 'es+ev'), 'dot': ('ek', 'ev', 'kv', 'ek+ev'),
+# tensor as key and value: TransformerConv's [E, H, F] way), es+ev (its way
+# from raw edge attributes: a score term, weights into the message)
+EDGE_TERMS = {'add': ('es', 'es+ev'),
+              'dot': ('ek', 'ev', 'kv', 'ek+ev', 'es', 'es+ev'),
               'gatv2': ('ek', 'ek+ev')}
 
 

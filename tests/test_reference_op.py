@@ -38,6 +38,8 @@ def make_inputs(kind, n_src, n_dst, e, heads=2, d=3, f=4, edge=True,
             inp['att'] = rnd(heads, d)
         if edge:
             inp['edge_key'] = rnd(e, heads, d)
+            if kind == 'dot':
+                inp['edge_score'] = rnd(e, heads)
     if edge:
         inp['edge_value'] = rnd(e, heads, f)
     return inp
@@ -52,6 +54,8 @@ def pyg_attention(edge_index, n_dst, kind, value, query, key, att=None,
     if kind == 'dot':
         k = key[src] if edge_key is None else key[src] + edge_key
         s = (query[dst] * k).sum(-1) * scale
+        if edge_score is not None:
+            s = s + edge_score
     elif kind == 'add':
         s = query[dst] + key[src]
         if edge_score is not None:
@@ -223,8 +227,9 @@ def _base(kind='dot'):
     ('gatv2', {'att': None}, ValueError, "needs 'att'"),
     ('gatv2', {'att': torch.zeros(2, 4, dtype=torch.float64)}, ValueError,
      r"'att' must have shape \[2, 3\]"),
-    ('dot', {'edge_score': torch.zeros(12, 2, dtype=torch.float64)},
-     ValueError, "'edge_score' is only used by kind 'add'"),
+    ('gatv2', {'edge_score': torch.zeros(12, 2, dtype=torch.float64),
+               'att': torch.zeros(2, 3, dtype=torch.float64)},
+     ValueError, "'edge_score' is not used by kind 'gatv2'"),
     ('add', {'edge_score': torch.zeros(11, 2, dtype=torch.float64)},
      ValueError, r"'edge_score' must have shape \[12, 2\]"),
     ('add', {'edge_key': torch.zeros(12, 2, 3, dtype=torch.float64)},

@@ -9,7 +9,8 @@ For each destination node :math:`i` and head :math:`h`
 with the score kinds
 
 * ``'dot'`` (TransformerConv, AGNN): :math:`s_{ij} = \mathrm{scale} \cdot
-  \langle \mathbf{q}_i, \mathbf{k}_j + \mathbf{e}^K_{ij} \rangle`;
+  \langle \mathbf{q}_i, \mathbf{k}_j + \mathbf{e}^K_{ij} \rangle +
+  a^{E}_{ij}`;
 * ``'add'`` (GAT): :math:`s_{ij} = \mathrm{LeakyReLU}(a^{dst}_i + a^{src}_j +
   a^{E}_{ij})`, ``query`` = :math:`a^{dst}` [N_dst, H], ``key`` =
   :math:`a^{src}` [N_src, H];
@@ -98,8 +99,8 @@ def check_inputs(graph: DFGraph, kind: str, value: Tensor, query: Tensor,
         if edge_key is not None:
             _check_tensor('edge_key', edge_key, (e, heads, d), dt, dev)
     if edge_score is not None:
-        if kind != 'add':
-            raise ValueError("'edge_score' is only used by kind 'add'")
+        if kind == 'gatv2':
+            raise ValueError("'edge_score' is not used by kind 'gatv2'")
         _check_tensor('edge_score', edge_score, (e, heads), dt, dev)
     if edge_key is not None and kind == 'add':
         raise ValueError("'edge_key' is not used by kind 'add'")
@@ -152,7 +153,9 @@ def fused_attention(
         att (Tensor, optional): ``'gatv2'`` attention vector [H, D].
         scale (float): ``'dot'`` score scale.
         negative_slope (float): LeakyReLU slope of ``'add'`` / ``'gatv2'``.
-        edge_score (Tensor, optional): ``'add'``: per-edge score term [E, H].
+        edge_score (Tensor, optional): per-edge score term [E, H]
+            (``'add'``: inside the LeakyReLU; ``'dot'``: added to the scaled
+            dot product).
         edge_key (Tensor, optional): per-edge key term [E, H, D]
             (``'dot'``, ``'gatv2'``).
         edge_value (Tensor, optional): per-edge value term [E, H, F].

@@ -84,6 +84,18 @@ def _fused_fake(rowptr, col, colptr, csc_row, csc_perm, kind, query, key,
                      attention)[:3]
 
 
+def _edge_rows_fake(rowptr, index, num_edges, edge_attr, fill, fill_row,
+                    node_mat, edge_weight, dots, sums, scatter,
+                    scatter_zero):
+    heads = node_mat.shape[1] if node_mat is not None else \
+        edge_weight.shape[1]
+    n_rows, dim = rowptr.shape[0] - 1, edge_attr.shape[1]
+    return (edge_attr.new_empty((num_edges if dots else 0, heads)),
+            edge_attr.new_empty((n_rows if sums else 0, heads, dim),
+                                dtype=torch.float32),
+            edge_attr.new_empty((edge_attr.shape[0] if scatter else 0, dim)))
+
+
 def _register() -> None:
     """Fake impls of the C++ ops (once)."""
     global _registered, _op
@@ -92,6 +104,7 @@ def _register() -> None:
     torch.library.register_fake('pyg_dfgnn::fused_attention_fwd')(_fwd_fake)
     torch.library.register_fake('pyg_dfgnn::fused_attention_bwd')(_bwd_fake)
     torch.library.register_fake('pyg_dfgnn::fused_attention')(_fused_fake)
+    torch.library.register_fake('pyg_dfgnn::edge_attr_rows')(_edge_rows_fake)
     _op = torch.ops.pyg_dfgnn.fused_attention.default
     _registered = True
 

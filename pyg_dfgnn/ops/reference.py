@@ -26,6 +26,8 @@ def edge_scores(graph: DFGraph, kind: str, query: Tensor, key: Tensor,
         if edge_key is not None:
             k = k + edge_key
         s = (query.index_select(0, row) * k).sum(-1) * scale
+        if edge_score is not None:
+            s = s + edge_score
     elif kind == 'add':
         s = query.index_select(0, row) + key.index_select(0, col)
         if edge_score is not None:

@@ -23,6 +23,7 @@ from pyg_dfgnn.nn.conv.utils import (
     split_node_features,
 )
 from pyg_dfgnn.ops import fused_attention
+from pyg_dfgnn.ops.edge_attr import edge_attr_dots, supported
 
 
 class DFGATConv(MessagePassing):
@@ -258,9 +259,7 @@ class DFGATConv(MessagePassing):
 
         edge_score: Optional[Tensor] = None
         if edge_attr is not None and self.lin_edge is not None:
-            edge_score = structure.edge_attr(edge_index, edge_attr,
-                                             self.fill_value,
-                                             project=self._edge_score)
+            edge_score = self._edge_score(structure, edge_index, edge_attr)
 
         dtype = op_dtype(x_src, alpha_dst, alpha_src, edge_score)
         x_src, alpha_dst, alpha_src, edge_score = cast(
@@ -286,16 +285,32 @@ class DFGATConv(MessagePassing):
             return out, attention_weights(structure, edge_index, alpha)
         return out
 
-    def _edge_score(self, edge_attr: Tensor) -> Tensor:
+    def _edge_score(self, structure: Any, adj: Any,
+                    edge_attr: Tensor) -> Tensor:
+        """The edge term a_e^T Theta_e e_ij [E, H] in CSR order."""
         H, C = self.heads, self.out_channels
+        if isinstance(edge_attr, Tensor) and edge_attr.dim() == 1:
+            edge_attr = edge_attr.view(-1, 1)
         if is_uninitialized_parameter(self.lin_edge.weight):  # lazy edge_dim
-            edge_feat = self.lin_edge(edge_attr).view(-1, H, C)
-            return (edge_feat * self.att_edge).sum(dim=-1)
-        # a_e^T Theta_e e = e @ (Theta_e^T a_e): fold the attention vector
-        # into the weight instead of materialising [E, H, C].
+            def project(e: Tensor) -> Tensor:
+                return (self.lin_edge(e).view(-1, H, C) *
+                        self.att_edge).sum(dim=-1)
+            return structure.edge_attr(adj, edge_attr, self.fill_value,
+                                       project=project)
+        # e @ (Theta_e^T a_e): the attention vector folded into the weight
+        # instead of materialising [E, H, C]
         weight = self.lin_edge.weight.view(H, C, -1)
         folded = (weight * self.att_edge.view(H, C, 1)).sum(1)
-        return edge_attr @ folded.t()
+        emap = None
+        if supported(H, folded.size(1)):
+            emap = structure.edge_attr_map(adj, edge_attr, self.fill_value)
+        if emap is None:  # a fill the kernels do not express
+            return structure.edge_attr(adj, edge_attr, self.fill_value,
+                                       project=lambda e: e @ folded.t())
+        # read in the user's order, loops filled in the kernel: no copy
+        dtype = torch.promote_types(edge_attr.dtype, folded.dtype)
+        return edge_attr_dots(emap, edge_attr.to(dtype),
+                              folded.to(dtype).unsqueeze(0))
 
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}({self.in_channels}, '

@@ -4,7 +4,10 @@ from typing import Any, Optional, Tuple, Union
 import torch
 from torch import Tensor
 from torch_geometric.nn.conv import MessagePassing
-from torch_geometric.nn.dense.linear import Linear
+from torch_geometric.nn.dense.linear import (
+    Linear,
+    is_uninitialized_parameter,
+)
 
 from pyg_dfgnn.nn.conv.utils import (
     adjacency_edge_attr,
@@ -18,6 +21,12 @@ from pyg_dfgnn.nn.conv.utils import (
     split_node_features,
 )
 from pyg_dfgnn.ops import fused_attention
+from pyg_dfgnn.ops.edge_attr import (
+    EdgeAttrMap,
+    edge_attr_dots,
+    edge_attr_sums,
+    supported,
+)
 
 
 class DFTransformerConv(MessagePassing):
@@ -196,7 +205,10 @@ class DFTransformerConv(MessagePassing):
                                          query.size(0))
         structure = resolve_graph(edge_index, num_src, num_dst, key.device)
 
+        want_alpha = isinstance(return_attention_weights, bool)
+        scale = 1.0 / math.sqrt(C)
         edge_feat: Optional[Tensor] = None
+        emap: Optional[EdgeAttrMap] = None
         if self.lin_edge is not None:
             if edge_attr is None:  # as PyG collects it
                 edge_attr = adjacency_edge_attr(edge_index)
@@ -204,9 +216,21 @@ class DFTransformerConv(MessagePassing):
                 raise ValueError(f"'{self.__class__.__name__}' was built "
                                  f"with 'edge_dim' but no 'edge_attr' was "
                                  f"given")
-            edge_feat = self.lin_edge(
-                structure.edge_attr(edge_index, edge_attr))
-            edge_feat = edge_feat.view(-1, H, C)
+            if isinstance(edge_attr, Tensor) and edge_attr.dim() == 1:
+                edge_attr = edge_attr.view(-1, 1)
+            # The kernels' own edge terms need the weights after dropout;
+            # PyG returns them before it: both at once take the [E, H, F]
+            # way.
+            dropped = self.training and self.dropout > 0
+            if isinstance(edge_attr, Tensor) and supported(
+                    H, edge_attr.size(-1)) and not (
+                        want_alpha and dropped) and \
+                    not is_uninitialized_parameter(self.lin_edge.weight):
+                emap = structure.edge_attr_map(edge_index, edge_attr)
+            if emap is None:
+                edge_feat = self.lin_edge(
+                    structure.edge_attr(edge_index, edge_attr))
+                edge_feat = edge_feat.view(-1, H, C)
         elif edge_attr is not None:
             raise ValueError(f"'edge_attr' was given but "
                              f"'{self.__class__.__name__}' was built without "
@@ -215,17 +239,24 @@ class DFTransformerConv(MessagePassing):
         dtype = op_dtype(value, query, key, edge_feat)
         value, query, key, edge_feat = cast(dtype, value, query, key,
                                             edge_feat)
-        want_alpha = isinstance(return_attention_weights, bool)
-        # PyG returns the weights before dropout; the one edge tensor is
-        # both the key and the value term (one gradient in the kernels).
-        result = fused_attention(
-            structure.graph, 'dot', value, query, key,
-            scale=1.0 / math.sqrt(C), edge_key=edge_feat,
-            edge_value=edge_feat, dropout=self.dropout,
-            training=self.training, return_attention=want_alpha,
-            attention_after_dropout=False,
-            attention_perm=structure.graph.perm)
-        out, alpha = result if want_alpha else (result, None)
+        if emap is not None:
+            assert edge_attr is not None and self.lin_edge is not None
+            out, alpha = self._edge_attr_attention(structure, emap, dtype,
+                                                   query, key, value,
+                                                   edge_attr, scale)
+            if want_alpha:
+                alpha = structure.to_user_order(alpha)
+        else:
+            # PyG returns the weights before dropout; the one edge tensor
+            # is both the key and the value term (one gradient in the
+            # kernels).
+            result = fused_attention(
+                structure.graph, 'dot', value, query, key, scale=scale,
+                edge_key=edge_feat, edge_value=edge_feat,
+                dropout=self.dropout, training=self.training,
+                return_attention=want_alpha, attention_after_dropout=False,
+                attention_perm=structure.graph.perm)
+            out, alpha = result if want_alpha else (result, None)
 
         if self.concat:
             out = out.reshape(-1, H * C)
@@ -245,6 +276,37 @@ class DFTransformerConv(MessagePassing):
             return out, attention_weights(structure, edge_index, alpha,
                                           sparse_values=False)
         return out
+
+    def _edge_attr_attention(self, structure: Any, emap: EdgeAttrMap,
+                             dtype: torch.dtype, query: Tensor, key: Tensor,
+                             value: Tensor, edge_attr: Tensor,
+                             scale: float) -> Tuple[Tensor, Tensor]:
+        r"""The attention with the edge terms of the raw ``edge_attr``
+        :math:`\mathbf{e}_{ij}` (no [E, H, C] edge tensor): the score's
+        :math:`\langle \mathbf{q}_i, \Theta_e \mathbf{e}_{ij} \rangle =
+        \langle \Theta_e^\top \mathbf{q}_i, \mathbf{e}_{ij} \rangle` and the
+        message's :math:`\sum_j \alpha_{ij} \Theta_e \mathbf{e}_{ij} =
+        \Theta_e \sum_j \alpha_{ij} \mathbf{e}_{ij}`, per node. Returns
+        ``(out, alpha)``, alpha in CSR order after dropout."""
+        H, C = self.heads, self.out_channels
+        n_dst, dim = query.size(0), edge_attr.size(-1)
+        # Theta_e per head as one block-diagonal [H * C, H * D_e] matrix:
+        # a single dense GEMM each way (einsum's batched per-head products
+        # ran 3.8 ms per step on an H100 at 112K nodes)
+        weight = torch.block_diag(
+            *self.lin_edge.weight.view(H, C, dim).to(dtype).unbind(0))
+        edge_attr = edge_attr.to(dtype)
+        node_mat = (query.reshape(n_dst, H * C) @ (weight * scale)).view(
+            n_dst, H, dim)
+        edge_score = edge_attr_dots(emap, edge_attr, node_mat)
+        out, alpha = fused_attention(
+            structure.graph, 'dot', value, query, key, scale=scale,
+            edge_score=edge_score, dropout=self.dropout,
+            training=self.training, return_attention=True)
+        edge_msg = edge_attr_sums(emap, edge_attr, alpha)
+        out = out + (edge_msg.reshape(n_dst, H * dim) @ weight.t()).view(
+            n_dst, H, C)
+        return out, alpha
 
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}({self.in_channels}, '

@@ -24,6 +24,7 @@ size-bounded cache shared by all conv instances:
 """
 from __future__ import annotations
 
+import dataclasses
 import warnings
 import weakref
 from collections import OrderedDict
@@ -38,6 +39,7 @@ from torch_geometric.utils import add_self_loops, remove_self_loops, scatter
 from torch_geometric.utils.sparse import set_sparse_value
 
 from pyg_dfgnn.graph import DFGraph, _fingerprint, to_edge_index
+from pyg_dfgnn.ops.edge_attr import EdgeAttrMap
 
 MAX_CACHED_GRAPHS = 64
 
@@ -112,6 +114,7 @@ class EdgeStructure:
         self._attr_rows: Optional[Tensor] = None
         self._inv_perm: Optional[Tensor] = None
         self._maps: Dict[str, Tuple[Tensor, Tensor]] = {}
+        self._emaps: Dict[str, EdgeAttrMap] = {}
         self._graph_edge_index: Optional[Tuple[Tensor, Any]] = None
 
     # ------------------------------------------------------------ edge attrs
@@ -125,21 +128,9 @@ class EdgeStructure:
         is applied on the way: before the 'mean' / 'add' fill (which
         commutes with it) and the reordering, so that both move D' columns
         instead of D (GAT's edge term: 8 heads instead of 16 features)."""
-        if not isinstance(edge_attr, Tensor):
-            raise TypeError(f"'edge_attr' must be a Tensor (got "
-                            f"{type(edge_attr).__name__})")
-        if not edge_attr.is_floating_point():
-            raise TypeError(f"'edge_attr' must be floating point (got "
-                            f"{edge_attr.dtype})")
-        if edge_attr.device != self.graph.device:
-            raise ValueError(f"'edge_attr' is on {edge_attr.device} but the "
-                             f"graph is on {self.graph.device}")
-        if edge_attr.dim() == 1:
+        if isinstance(edge_attr, Tensor) and edge_attr.dim() == 1:
             edge_attr = edge_attr.view(-1, 1)
-        if edge_attr.dim() != 2 or edge_attr.size(0) != self.num_input_edges:
-            raise ValueError(f"'edge_attr' must have shape "
-                             f"[{self.num_input_edges}, edge_dim] (one row "
-                             f"per edge; got {list(edge_attr.shape)})")
+        self._check_edge_attr(edge_attr)
         if self.loops is None:
             if project is not None:
                 edge_attr = project(edge_attr)
@@ -161,6 +152,72 @@ class EdgeStructure:
         rows = torch.cat([edge_attr, loop_attr], dim=0)
         return _TakeRows.apply(rows, *self._take_maps(
             'attr', self._attr_index(adj), rows.size(0)))
+
+    def edge_attr_map(self, adj: Any, edge_attr: Tensor,
+                      fill_value: Any = None) -> Optional[EdgeAttrMap]:
+        """How the graph's CSR edges read the user's ``edge_attr`` (for the
+        raw edge attribute kernels, :mod:`pyg_dfgnn.ops.edge_attr`), the
+        self-loops' features following ``fill_value`` as PyG does;
+        ``None`` for fills those do not express ('min', 'max', 'mul', a
+        fill tensor that requires grad): the caller then forms the rows
+        with :meth:`edge_attr`."""
+        self._check_edge_attr(edge_attr)
+        fill_row: Optional[Tensor] = None
+        if self.loops is None:
+            fill = 'none'
+        elif isinstance(fill_value, str):
+            if fill_value not in ('mean', 'add', 'sum'):
+                return None
+            fill = 'mean' if fill_value == 'mean' else 'sum'
+        else:
+            fill = 'const'
+            fill_row = _fill_row(fill_value, edge_attr)
+            if fill_row is None:
+                return None
+        if fill not in self._emaps:
+            self._emaps[fill] = self._build_edge_attr_map(adj, fill)
+        emap = self._emaps[fill]
+        if fill_row is not None:  # (the value may differ per call)
+            emap = dataclasses.replace(emap, fill_row=fill_row)
+        return emap
+
+    @torch.compiler.disable
+    def _build_edge_attr_map(self, adj: Any, fill: str) -> EdgeAttrMap:
+        g = self.graph
+        if fill == 'none':
+            index = None if g.perm is None else self._take_maps(
+                'perm', g.perm, self.num_input_edges)[0]
+            return EdgeAttrMap(g.rowptr, index, g.num_edges,
+                               self.num_input_edges)
+        if fill != 'const':
+            _, in_range = self._kept_destinations(adj)
+            if not in_range:
+                raise ValueError(
+                    f"'fill_value' = '{fill}' aggregates the features of "
+                    f"the edges pointing to each node, but some edges point "
+                    f"to destinations >= {self.loops} (the nodes that get "
+                    f"self-loops); pass a float or Tensor 'fill_value' for "
+                    f"this bipartite graph")
+        index = self._take_maps('attr', self._attr_index(adj),
+                                self.num_input_edges + self.loops)[0]
+        unused = self._keep_index(adj).numel() < self.num_input_edges
+        return EdgeAttrMap(g.rowptr, index, g.num_edges,
+                           self.num_input_edges, fill, None, unused)
+
+    def _check_edge_attr(self, edge_attr: Tensor) -> None:
+        if not isinstance(edge_attr, Tensor):
+            raise TypeError(f"'edge_attr' must be a Tensor (got "
+                            f"{type(edge_attr).__name__})")
+        if not edge_attr.is_floating_point():
+            raise TypeError(f"'edge_attr' must be floating point (got "
+                            f"{edge_attr.dtype})")
+        if edge_attr.device != self.graph.device:
+            raise ValueError(f"'edge_attr' is on {edge_attr.device} but the "
+                             f"graph is on {self.graph.device}")
+        if edge_attr.dim() != 2 or edge_attr.size(0) != self.num_input_edges:
+            raise ValueError(f"'edge_attr' must have shape "
+                             f"[{self.num_input_edges}, edge_dim] (one row "
+                             f"per edge; got {list(edge_attr.shape)})")
 
     @torch.compiler.disable
     def _take_maps(self, name: str, index: Tensor,
@@ -336,6 +393,21 @@ class EdgeStructure:
                 held = with_self_loops(adj, self.loops)
             self._held = (held, _version_of(held))
         return self._held[0]
+
+
+def _fill_row(fill_value: Any, edge_attr: Tensor) -> Optional[Tensor]:
+    """The self-loops' row [D_e] of a constant ``fill_value`` (PyG: ``None``
+    is 1), ``None`` when it is no constant row (a tensor of another size or
+    one that requires grad)."""
+    dim = edge_attr.size(1)
+    if fill_value is None:
+        return edge_attr.new_ones(dim)
+    if isinstance(fill_value, (int, float)):
+        return edge_attr.new_full((dim, ), fill_value)
+    if isinstance(fill_value, Tensor) and not fill_value.requires_grad and \
+            fill_value.numel() == dim:
+        return fill_value.to(edge_attr.device, edge_attr.dtype).reshape(dim)
+    return None
 
 
 class _TakeRows(torch.autograd.Function):

@@ -1,0 +1,357 @@
+// Raw edge attributes in the fused attention, without an [E, H, F] (or a
+// reordered [E, D_e]) copy: row-parallel products of the user's edge_attr
+// with per-node or per-edge weights, read through a CSR edge -> attribute
+// row map. For destination row i and its CSR edges p (x_p = edge_attr row
+// index[p]):
+//   dots     T[p, h]    = <M_i[h], x_p>           M: node_mat [N or 1, H, De]
+//   sums     S_i[h, :]  = sum_p W[p, h] x_p       W: edge_weight [E, H]
+//   scatter  G[a_p, :]  = sum_h W[p, h] M_i[h, :] (d x for either of the two)
+// TransformerConv's edge term is <q_i, W_e x_p> = <W_e^T q_i, x_p> in the
+// score (dots with M = scale W_e^T q) and sum_p alpha_p W_e x_p =
+// W_e sum_p alpha_p x_p in the message (sums with W = alpha): [N, H, De]
+// per node instead of [E, H, F] per edge. GAT's is dots with one shared M
+// (the attention vector folded into lin_edge). The backward of each is the
+// other two (see pyg_dfgnn/ops/edge_attr.py).
+//
+// Self-loops (PyG's fill_value): a row's entry with index >= n_in is its
+// loop; its x is the mean (fill 1) or sum (fill 2) of the row's other x, or
+// fill_row (fill 3). By linearity the loop's dot is the mean / sum of the
+// others' dots, and sums / scatter hand the loop's weight to the others
+// (W_p + W_loop / count), so no loop row is ever formed.
+//
+// One warp per row; dots and scatter with lanes over edges (M in shared
+// memory, x rows in vectors), sums with lanes over the H * De outputs and
+// several edges in flight. No atomics: deterministic.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "common.cuh"
+#include "ops.h"
+
+namespace pyg_dfgnn {
+namespace edge_rows {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * kWarpSize;
+constexpr int kOut = 4;     // sums: outputs per lane per pass
+constexpr int kUnroll = 4;  // sums: edges in flight
+constexpr int kVW = 4;      // elements per vector load of an x row
+
+template <typename T>
+struct Args {
+  const int64_t* __restrict__ rowptr;
+  const int64_t* __restrict__ index;  // nullptr: identity
+  const T* __restrict__ x;            // [n_in, De]
+  const T* __restrict__ fill_row;     // [De] (fill 3)
+  const T* __restrict__ m;            // [rows or 1, H, De]
+  const T* __restrict__ w;            // [E, H]
+  T* __restrict__ dots;               // [E, H]
+  float* __restrict__ sums;           // [rows, H, De]
+  T* __restrict__ scatter;            // [n_in, De]
+  int64_t n_rows, n_in, m_stride;
+  int H, De, fill;
+  bool vec;  // De % kVW == 0: x rows in vectors of kVW
+};
+
+__device__ __forceinline__ int64_t warp_max_i64(int64_t v) {
+#pragma unroll
+  for (int o = kWarpSize / 2; o > 0; o >>= 1)
+    v = max(v, (int64_t)__shfl_xor_sync(kFullMask, (long long)v, o));
+  return v;
+}
+
+// dots (acc[h] = <M_h, x>) and scatter (g = sum_h wv[h] M_h) of one x row,
+// VW elements at a time; M in shared memory.
+template <typename T, int MAXH, int VW>
+__device__ __forceinline__ void row_dots(const T* xr, const float* m, int H,
+                                         int De, float (&acc)[MAXH]) {
+  for (int d = 0; d < De; d += VW) {
+    float xv[VW];
+    load_vec<T, VW>(xr + d, xv);
+#pragma unroll
+    for (int h = 0; h < MAXH; ++h)
+      if (h < H)
+#pragma unroll
+        for (int i = 0; i < VW; ++i)
+          acc[h] = fmaf(m[h * De + d + i], xv[i], acc[h]);
+  }
+}
+template <typename T, int MAXH, int VW>
+__device__ __forceinline__ void row_scatter(T* gr, const float* m, int H,
+                                            int De, const float (&wv)[MAXH]) {
+  for (int d = 0; d < De; d += VW) {
+    float g[VW];
+#pragma unroll
+    for (int i = 0; i < VW; ++i) g[i] = 0.f;
+#pragma unroll
+    for (int h = 0; h < MAXH; ++h)
+      if (h < H)
+#pragma unroll
+        for (int i = 0; i < VW; ++i) g[i] = fmaf(wv[h], m[h * De + d + i], g[i]);
+    store_vec<T, VW>(gr + d, g);
+  }
+}
+
+// MAXH >= H: the per-lane head arrays live in registers.
+template <typename T, int MAXH>
+__global__ void __launch_bounds__(kThreads) edge_rows_kernel(Args<T> a) {
+  __shared__ float s_m[kWarps][kEdgeRowsMaxHD];
+  __shared__ float s_wl[kWarps][kEdgeRowsMaxHeads];
+  __shared__ float s_fill[kEdgeRowsMaxHD];
+  const int H = a.H, De = a.De, HD = H * De;
+  if (a.fill == 3)
+    for (int i = threadIdx.x; i < De; i += kThreads)
+      s_fill[i] = to_float(a.fill_row[i]);
+  __syncthreads();
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int64_t row = (int64_t)blockIdx.x * kWarps + warp;
+  if (row >= a.n_rows) return;
+  float* m = s_m[warp];
+  float* wl = s_wl[warp];
+  if (a.m != nullptr)
+    for (int i = lane; i < HD; i += kWarpSize)
+      m[i] = to_float(a.m[row * a.m_stride + i]);
+  const int64_t lo = a.rowptr[row], hi = a.rowptr[row + 1];
+  auto attr_row = [&](int64_t p) -> int64_t {
+    return a.index != nullptr ? a.index[p] : p;
+  };
+  // the row's self-loop entry (at most one)
+  int64_t loop_p = -1;
+  if (a.fill != 0) {
+    for (int64_t p = lo + lane; p < hi; p += kWarpSize)
+      if (attr_row(p) >= a.n_in) loop_p = p;
+    loop_p = warp_max_i64(loop_p);
+  }
+  const int64_t count = hi - lo - (loop_p >= 0 ? 1 : 0);
+  // fill 1: the loop's x is the mean of `count` rows; fill 2: their sum
+  const float share = a.fill == 1 ? (count > 0 ? 1.f / (float)count : 0.f)
+                                  : 1.f;
+  const bool handed = loop_p >= 0 && (a.fill == 1 || a.fill == 2);
+  if (a.w != nullptr && lane < H)
+    wl[lane] = handed ? to_float(a.w[loop_p * H + lane]) * share : 0.f;
+  __syncwarp();
+
+  // dots / scatter: lanes over edges
+  if (a.dots != nullptr || a.scatter != nullptr) {
+    float dsum[MAXH];
+#pragma unroll
+    for (int h = 0; h < MAXH; ++h) dsum[h] = 0.f;
+    for (int64_t p = lo + lane; p < hi; p += kWarpSize) {
+      const int64_t r = attr_row(p);
+      if (r >= a.n_in) continue;  // the loop: after the others
+      if (a.dots != nullptr) {
+        float acc[MAXH];
+#pragma unroll
+        for (int h = 0; h < MAXH; ++h) acc[h] = 0.f;
+        if (a.vec)
+          row_dots<T, MAXH, kVW>(a.x + r * De, m, H, De, acc);
+        else
+          row_dots<T, MAXH, 1>(a.x + r * De, m, H, De, acc);
+#pragma unroll
+        for (int h = 0; h < MAXH; ++h)
+          if (h < H) {
+            a.dots[p * H + h] = from_float<T>(acc[h]);
+            dsum[h] += acc[h];
+          }
+      }
+      if (a.scatter != nullptr) {
+        float wv[MAXH];
+#pragma unroll
+        for (int h = 0; h < MAXH; ++h)
+          wv[h] = h < H ? to_float(a.w[p * H + h]) + wl[h] : 0.f;
+        if (a.vec)
+          row_scatter<T, MAXH, kVW>(a.scatter + r * De, m, H, De, wv);
+        else
+          row_scatter<T, MAXH, 1>(a.scatter + r * De, m, H, De, wv);
+      }
+    }
+    if (a.dots != nullptr && loop_p >= 0) {
+      if (a.fill == 3) {
+        for (int h = lane; h < H; h += kWarpSize) {
+          float s = 0.f;
+          for (int d = 0; d < De; ++d) s = fmaf(m[h * De + d], s_fill[d], s);
+          a.dots[loop_p * H + h] = from_float<T>(s);
+        }
+      } else {
+#pragma unroll
+        for (int h = 0; h < MAXH; ++h) {
+          if (h >= H) break;  // (warp-uniform)
+          const float s = warp_sum(dsum[h]);
+          if (lane == 0) a.dots[loop_p * H + h] = from_float<T>(s * share);
+        }
+      }
+    }
+  }
+
+  // sums: lanes over the H * De outputs; the row's edges in chunks of 32
+  // (one coalesced index load, broadcast by shuffles), kUnroll in flight
+  if (a.sums != nullptr) {
+    for (int o0 = 0; o0 < HD; o0 += kWarpSize * kOut) {
+      float acc[kOut];
+      int oh[kOut], od[kOut];
+#pragma unroll
+      for (int j = 0; j < kOut; ++j) {
+        const int o = o0 + lane + j * kWarpSize;
+        acc[j] = 0.f;
+        oh[j] = o < HD ? o / De : -1;
+        od[j] = o < HD ? o - oh[j] * De : 0;
+      }
+      for (int64_t cb = lo; cb < hi; cb += kWarpSize) {
+        const int n = (int)(hi - cb < kWarpSize ? hi - cb : kWarpSize);
+        const int64_t my_r = lane < n ? attr_row(cb + lane) : a.n_in;
+        for (int e0 = 0; e0 < n; e0 += kUnroll) {
+          int64_t r[kUnroll];
+#pragma unroll
+          for (int u = 0; u < kUnroll; ++u)
+            r[u] = __shfl_sync(kFullMask, (long long)my_r, (e0 + u) & 31);
+#pragma unroll
+          for (int u = 0; u < kUnroll; ++u) {
+            if (e0 + u >= n || r[u] >= a.n_in) continue;
+            const T* xr = a.x + r[u] * De;
+            const T* wr = a.w + (cb + e0 + u) * H;
+#pragma unroll
+            for (int j = 0; j < kOut; ++j)
+              if (oh[j] >= 0)
+                acc[j] = fmaf(to_float(wr[oh[j]]) + wl[oh[j]],
+                              to_float(xr[od[j]]), acc[j]);
+          }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kOut; ++j) {
+        if (oh[j] < 0) continue;
+        if (a.fill == 3 && loop_p >= 0)
+          acc[j] = fmaf(to_float(a.w[loop_p * H + oh[j]]), s_fill[od[j]],
+                        acc[j]);
+        a.sums[row * HD + o0 + lane + j * kWarpSize] = acc[j];
+      }
+    }
+  }
+}
+
+}  // namespace edge_rows
+}  // namespace pyg_dfgnn
+
+namespace {
+using namespace pyg_dfgnn;
+
+at::Tensor optional_input(const c10::optional<at::Tensor>& t,
+                          const char* name, at::Device dev) {
+  if (!t.has_value() || !t->defined()) return at::Tensor();
+  TORCH_CHECK(t->is_cuda() && t->device() == dev, "edge_attr_rows: '", name,
+              "' must be on ", dev);
+  return t->contiguous();
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> edge_attr_rows_cuda(
+    const at::Tensor& rowptr, const c10::optional<at::Tensor>& index_opt,
+    int64_t num_edges, const at::Tensor& edge_attr, int64_t fill,
+    const c10::optional<at::Tensor>& fill_row_opt,
+    const c10::optional<at::Tensor>& node_mat_opt,
+    const c10::optional<at::Tensor>& edge_weight_opt, bool dots, bool sums,
+    bool scatter, bool scatter_zero) {
+  TORCH_CHECK(edge_attr.is_cuda(), "edge_attr_rows: 'edge_attr' must be a "
+              "CUDA tensor");
+  const at::Device dev = edge_attr.device();
+  c10::cuda::CUDAGuard guard(dev);
+  TORCH_CHECK(edge_attr.dim() == 2, "edge_attr_rows: 'edge_attr' must have "
+              "shape [E_in, De]");
+  const at::Tensor x = edge_attr.contiguous();
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf ||
+                  dtype == at::kBFloat16,
+              "edge_attr_rows: float32, float16 or bfloat16 only");
+  TORCH_CHECK(rowptr.is_cuda() && rowptr.device() == dev &&
+                  rowptr.scalar_type() == at::kLong && rowptr.dim() == 1 &&
+                  rowptr.numel() >= 1,
+              "edge_attr_rows: 'rowptr' must be an int64 CUDA tensor "
+              "[N + 1]");
+  const at::Tensor ptr = rowptr.contiguous();
+  const at::Tensor index = optional_input(index_opt, "index", dev);
+  TORCH_CHECK(!index.defined() || (index.scalar_type() == at::kLong &&
+                                   index.numel() == num_edges),
+              "edge_attr_rows: 'index' must be int64 [num_edges]");
+  TORCH_CHECK(index.defined() || fill == 0,
+              "edge_attr_rows: a fill needs 'index' (loop rows >= E_in)");
+  TORCH_CHECK(fill >= 0 && fill <= 3, "edge_attr_rows: 'fill' must be 0-3");
+  const at::Tensor m = optional_input(node_mat_opt, "node_mat", dev);
+  const at::Tensor w = optional_input(edge_weight_opt, "edge_weight", dev);
+  const at::Tensor fr = optional_input(fill_row_opt, "fill_row", dev);
+  const int64_t n_rows = ptr.numel() - 1, n_in = x.size(0), De = x.size(1);
+  TORCH_CHECK(m.defined() || w.defined(),
+              "edge_attr_rows: needs 'node_mat' or 'edge_weight'");
+  const int64_t H = m.defined() ? m.size(1) : w.size(1);
+  TORCH_CHECK(H >= 1 && H <= kEdgeRowsMaxHeads && De >= 1 &&
+                  H * De <= kEdgeRowsMaxHD,
+              "edge_attr_rows: needs 1 <= H <= ", kEdgeRowsMaxHeads,
+              " and H * De <= ", kEdgeRowsMaxHD, " (got H = ", H,
+              ", De = ", De, ")");
+  if (m.defined())
+    TORCH_CHECK(m.scalar_type() == dtype && m.dim() == 3 && m.size(1) == H &&
+                    m.size(2) == De &&
+                    (m.size(0) == n_rows || m.size(0) == 1),
+                "edge_attr_rows: 'node_mat' must be [N or 1, H, De] in "
+                "edge_attr's dtype");
+  if (w.defined())
+    TORCH_CHECK(w.scalar_type() == dtype && w.dim() == 2 &&
+                    w.size(0) == num_edges && w.size(1) == H,
+                "edge_attr_rows: 'edge_weight' must be [E, H] in "
+                "edge_attr's dtype");
+  TORCH_CHECK(fill != 3 || (fr.defined() && fr.numel() == De &&
+                            fr.scalar_type() == dtype),
+              "edge_attr_rows: fill 3 needs 'fill_row' [De]");
+  TORCH_CHECK(!dots || m.defined(), "edge_attr_rows: dots need 'node_mat'");
+  TORCH_CHECK(!sums || w.defined(), "edge_attr_rows: sums need 'edge_weight'");
+  TORCH_CHECK(!scatter || (m.defined() && w.defined()),
+              "edge_attr_rows: scatter needs 'node_mat' and 'edge_weight'");
+
+  const auto opts = x.options();
+  at::Tensor out_dots = at::empty({dots ? num_edges : 0, H}, opts);
+  at::Tensor out_sums =
+      at::empty({sums ? n_rows : 0, H, De}, opts.dtype(at::kFloat));
+  at::Tensor out_scatter =
+      scatter ? (scatter_zero ? at::zeros({n_in, De}, opts)
+                              : at::empty({n_in, De}, opts))
+              : at::empty({0, De}, opts);
+  if (n_rows == 0 || (!dots && !sums && !scatter)) {
+    if (sums) out_sums.zero_();
+    return {out_dots, out_sums, out_scatter};
+  }
+  auto stream = at::cuda::getCurrentCUDAStream();
+  const unsigned blocks =
+      (unsigned)((n_rows + edge_rows::kWarps - 1) / edge_rows::kWarps);
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, dtype, "edge_attr_rows", [&] {
+        edge_rows::Args<scalar_t> a;
+        a.rowptr = ptr.data_ptr<int64_t>();
+        a.index = index.defined() ? index.data_ptr<int64_t>() : nullptr;
+        a.x = x.data_ptr<scalar_t>();
+        a.fill_row = fr.defined() ? fr.data_ptr<scalar_t>() : nullptr;
+        a.m = m.defined() ? m.data_ptr<scalar_t>() : nullptr;
+        a.w = w.defined() ? w.data_ptr<scalar_t>() : nullptr;
+        a.dots = dots ? out_dots.data_ptr<scalar_t>() : nullptr;
+        a.sums = sums ? out_sums.data_ptr<float>() : nullptr;
+        a.scatter = scatter ? out_scatter.data_ptr<scalar_t>() : nullptr;
+        a.n_rows = n_rows, a.n_in = n_in;
+        a.m_stride = m.defined() && m.size(0) == n_rows ? H * De : 0;
+        a.H = (int)H, a.De = (int)De, a.fill = (int)fill;
+        // (a row starts on a vector boundary when the base pointer does)
+        a.vec = De % edge_rows::kVW == 0 &&
+                reinterpret_cast<uintptr_t>(a.x) %
+                        (edge_rows::kVW * sizeof(scalar_t)) == 0;
+        if (H <= 4)
+          edge_rows::edge_rows_kernel<scalar_t, 4>
+              <<<blocks, edge_rows::kThreads, 0, stream>>>(a);
+        else if (H <= 8)
+          edge_rows::edge_rows_kernel<scalar_t, 8>
+              <<<blocks, edge_rows::kThreads, 0, stream>>>(a);
+        else
+          edge_rows::edge_rows_kernel<scalar_t, kEdgeRowsMaxHeads>
+              <<<blocks, edge_rows::kThreads, 0, stream>>>(a);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
+  return {out_dots, out_sums, out_scatter};
+}

@@ -1,0 +1,222 @@
+r"""Raw edge attributes in the fused attention, per destination row.
+
+An :class:`EdgeAttrMap` says which row of the user's ``edge_attr``
+[E_in, D_e] each CSR edge ``p`` of a graph reads (``x_p``), and how a row's
+self-loop gets its features (PyG's ``fill_value``: the mean or sum of the
+row's other edges, or a constant row). Two differentiable products, never
+forming a reordered [E, D_e] copy nor an [E, H, F] edge tensor:
+
+* :func:`edge_attr_dots`: :math:`T_{ph} = \langle \mathbf{M}_{ih},
+  \mathbf{x}_p \rangle` [E, H] for a per-node (or one shared) matrix
+  :math:`\mathbf{M}` [N or 1, H, D_e] -- a score term;
+* :func:`edge_attr_sums`: :math:`\mathbf{S}_{ih} = \sum_p W_{ph}
+  \mathbf{x}_p` [N, H, D_e] for per-edge weights :math:`W` [E, H] -- an
+  aggregated message term.
+
+TransformerConv's edge terms become ``dots`` with
+:math:`\mathbf{M}_i = \mathrm{scale}\, \Theta_e^\top \mathbf{q}_i` (the
+score :math:`\langle \mathbf{q}_i, \Theta_e \mathbf{x}_p\rangle`) and
+``sums`` of the attention weights, projected once per node
+(:math:`\sum_p \alpha_p \Theta_e \mathbf{x}_p = \Theta_e \sum_p \alpha_p
+\mathbf{x}_p`); GAT's edge term is ``dots`` with the shared
+:math:`a_e^\top \Theta_e`. Each one's backward is the other one plus a
+scatter of :math:`\partial \mathbf{x}` (``kernels/edge_attr_rows.cu``); the
+CPU path (and the oracle of the tests) forms :math:`\mathbf{x}_p` with
+PyTorch ops.
+"""
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from pyg_dfgnn.ops import cuda as _cuda
+
+#: kernel limits (kernels/ops.h): heads and heads * edge_dim
+MAX_HEADS, MAX_HEADS_X_DIM = 16, 512
+FILL_IDS = {'none': 0, 'mean': 1, 'sum': 2, 'const': 3}
+
+
+@dataclass
+class EdgeAttrMap:
+    """How the CSR edges of a graph read the user's edge attributes.
+
+    Args:
+        rowptr (Tensor): the graph's CSR row pointer (int64 [N + 1]).
+        index (Tensor, optional): int64 [E]: edge ``p`` reads row
+            ``index[p]`` of ``edge_attr``; ``index[p] >= num_input`` marks
+            the row's self-loop (at most one per row). ``None``: row ``p``.
+        num_edges (int): E.
+        num_input (int): rows of the user's ``edge_attr``.
+        fill (str): the loops' features: ``'none'`` (no loops), ``'mean'``
+            / ``'sum'`` of the row's other edges, or ``'const'``
+            (``fill_row``).
+        fill_row (Tensor, optional): [D_e] for ``'const'``.
+        unused_rows (bool): some ``edge_attr`` rows are read by no edge
+            (removed self-loops): their gradient is zero.
+    """
+    rowptr: Tensor
+    index: Optional[Tensor]
+    num_edges: int
+    num_input: int
+    fill: str = 'none'
+    fill_row: Optional[Tensor] = None
+    unused_rows: bool = False
+
+    @property
+    def num_rows(self) -> int:
+        return self.rowptr.numel() - 1
+
+    def row(self) -> Tensor:
+        """Destination row of each CSR edge [E]."""
+        counts = self.rowptr[1:] - self.rowptr[:-1]
+        return torch.repeat_interleave(
+            torch.arange(self.num_rows, device=self.rowptr.device), counts,
+            output_size=self.num_edges)
+
+
+def supported(heads: int, edge_dim: int) -> bool:
+    """Whether the kernels take ``heads`` heads of ``edge_dim`` features."""
+    return 1 <= heads <= MAX_HEADS and heads * edge_dim <= MAX_HEADS_X_DIM
+
+
+def csr_edge_attr(emap: EdgeAttrMap, edge_attr: Tensor) -> Tensor:
+    """``x_p`` for every CSR edge [E, D_e], loops filled (reference)."""
+    if emap.index is None:
+        return edge_attr
+    loop = emap.index >= emap.num_input
+    if emap.num_input == 0:
+        x = edge_attr.new_zeros((emap.num_edges, edge_attr.size(1)))
+    else:
+        x = edge_attr.index_select(0, emap.index.masked_fill(loop, 0))
+        x = x.masked_fill(loop.unsqueeze(-1), 0.)
+    if emap.fill == 'none':
+        return x
+    row = emap.row()
+    if emap.fill == 'const':
+        fill = emap.fill_row.to(x.dtype).view(1, -1).expand(
+            emap.num_rows, -1)
+    else:
+        fill = x.new_zeros((emap.num_rows, x.size(1))).index_add(0, row, x)
+        if emap.fill == 'mean':
+            count = torch.zeros(emap.num_rows, device=x.device,
+                                dtype=x.dtype).index_add(
+                                    0, row, (~loop).to(x.dtype))
+            fill = fill / count.clamp(min=1).unsqueeze(-1)
+    return torch.where(loop.unsqueeze(-1), fill.index_select(0, row), x)
+
+
+def edge_attr_dots_reference(emap: EdgeAttrMap, edge_attr: Tensor,
+                             node_mat: Tensor) -> Tensor:
+    x = csr_edge_attr(emap, edge_attr)
+    m = node_mat if node_mat.size(0) == 1 else node_mat.index_select(
+        0, emap.row())
+    return (m * x.unsqueeze(1)).sum(-1)
+
+
+def edge_attr_sums_reference(emap: EdgeAttrMap, edge_attr: Tensor,
+                             edge_weight: Tensor) -> Tensor:
+    x = csr_edge_attr(emap, edge_attr)
+    msg = edge_weight.unsqueeze(-1) * x.unsqueeze(1)
+    out = msg.new_zeros((emap.num_rows, ) + tuple(msg.shape[1:]))
+    return out.index_add(0, emap.row(), msg)
+
+
+def _rows_op(emap: EdgeAttrMap, edge_attr: Tensor, node_mat, edge_weight,
+             dots: bool, sums: bool, scatter: bool):
+    return torch.ops.pyg_dfgnn.edge_attr_rows(
+        emap.rowptr, emap.index, emap.num_edges, edge_attr,
+        FILL_IDS[emap.fill], emap.fill_row, node_mat, edge_weight, dots, sums,
+        scatter, scatter and emap.unused_rows)
+
+
+class _EdgeAttrDots(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, edge_attr: Tensor, node_mat: Tensor,
+                emap: EdgeAttrMap) -> Tensor:
+        ctx.emap = emap
+        ctx.save_for_backward(edge_attr, node_mat)
+        return _rows_op(emap, edge_attr, node_mat, None, True, False,
+                        False)[0]
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        edge_attr, node_mat = ctx.saved_tensors
+        need_x, need_m = ctx.needs_input_grad[:2]
+        # d M_i = sum_p dT_p x_p (sums), d x_p = sum_h dT_ph M_ih (scatter)
+        _, g_m, g_x = _rows_op(ctx.emap, edge_attr, node_mat,
+                               grad.contiguous(), False, need_m, need_x)
+        if need_m:
+            if node_mat.size(0) == 1 and g_m.size(0) != 1:
+                g_m = g_m.sum(0, keepdim=True)
+            g_m = g_m.to(node_mat.dtype)
+        return g_x if need_x else None, g_m if need_m else None, None
+
+
+class _EdgeAttrSums(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, edge_attr: Tensor, edge_weight: Tensor,
+                emap: EdgeAttrMap) -> Tensor:
+        ctx.emap = emap
+        ctx.save_for_backward(edge_attr, edge_weight)
+        return _rows_op(emap, edge_attr, None, edge_weight, False, True,
+                        False)[1].to(edge_attr.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        edge_attr, edge_weight = ctx.saved_tensors
+        need_x, need_w = ctx.needs_input_grad[:2]
+        # d W_ph = <dS_ih, x_p> (dots), d x_p = sum_h W_ph dS_ih (scatter)
+        g_w, _, g_x = _rows_op(ctx.emap, edge_attr,
+                               grad.to(edge_attr.dtype).contiguous(),
+                               edge_weight, need_w, False, need_x)
+        return g_x if need_x else None, g_w if need_w else None, None
+
+
+def _use_kernels(edge_attr: Tensor) -> bool:
+    return edge_attr.is_cuda and edge_attr.dtype in (
+        torch.float32, torch.float16, torch.bfloat16) and _cuda.available()
+
+
+def edge_attr_dots(emap: EdgeAttrMap, edge_attr: Tensor,
+                   node_mat: Tensor) -> Tensor:
+    r""":math:`T_{ph} = \langle \mathbf{M}_{ih}, \mathbf{x}_p \rangle`
+    [E, H] for CSR edge ``p`` into row ``i``; ``node_mat`` [N or 1, H, D_e]
+    (one row: shared by all nodes), in ``edge_attr``'s dtype."""
+    _check(emap, edge_attr, node_mat.shape[1])
+    if node_mat.dim() != 3 or node_mat.size(0) not in (1, emap.num_rows) \
+            or node_mat.size(2) != edge_attr.size(1):
+        raise ValueError(f"'node_mat' must have shape [{emap.num_rows} or 1,"
+                         f" H, {edge_attr.size(1)}] (got "
+                         f"{list(node_mat.shape)})")
+    if _use_kernels(edge_attr):
+        return _EdgeAttrDots.apply(edge_attr, node_mat.contiguous(), emap)
+    return edge_attr_dots_reference(emap, edge_attr, node_mat)
+
+
+def edge_attr_sums(emap: EdgeAttrMap, edge_attr: Tensor,
+                   edge_weight: Tensor) -> Tensor:
+    r""":math:`\mathbf{S}_{ih} = \sum_p W_{ph} \mathbf{x}_p` [N, H, D_e]
+    over the CSR edges ``p`` into row ``i``; ``edge_weight`` [E, H] in
+    ``edge_attr``'s dtype."""
+    _check(emap, edge_attr, edge_weight.shape[-1])
+    if edge_weight.shape != (emap.num_edges, edge_weight.size(-1)):
+        raise ValueError(f"'edge_weight' must have shape [{emap.num_edges}, "
+                         f"H] (got {list(edge_weight.shape)})")
+    if _use_kernels(edge_attr):
+        return _EdgeAttrSums.apply(edge_attr, edge_weight.contiguous(), emap)
+    return edge_attr_sums_reference(emap, edge_attr, edge_weight)
+
+
+def _check(emap: EdgeAttrMap, edge_attr: Tensor, heads: int) -> None:
+    if edge_attr.dim() != 2 or edge_attr.size(0) != emap.num_input:
+        raise ValueError(f"'edge_attr' must have shape [{emap.num_input}, "
+                         f"edge_dim] (got {list(edge_attr.shape)})")
+    if edge_attr.is_cuda and not supported(heads, edge_attr.size(1)):
+        raise ValueError(f"edge attribute kernels take at most {MAX_HEADS} "
+                         f"heads and heads * edge_dim <= {MAX_HEADS_X_DIM} "
+                         f"(got {heads} x {edge_attr.size(1)})")
+
+
+__all__ = ['EdgeAttrMap', 'edge_attr_dots', 'edge_attr_sums', 'supported',
+           'csr_edge_attr']

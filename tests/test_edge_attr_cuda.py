@@ -1,0 +1,170 @@
+"""The raw edge attribute kernels (kernels/edge_attr_rows.cu) against the
+float64 reference (GPU only): dots and sums, forward and every gradient, for
+each self-loop fill, shared and per-node matrices, odd sizes (H = 3,
+D_e = 3), empty rows, a super node, N = 1, E = 0, unused input rows; outputs
+poisoned first. And the convs that use them against PyG on the GPU."""
+import random
+import zlib
+
+import pytest
+import torch
+
+from pyg_dfgnn.nn.conv.utils import clear_graph_cache, resolve_graph
+from pyg_dfgnn.ops.edge_attr import edge_attr_dots, edge_attr_sums
+from test_kernels_cuda import poison_allocator, rel_err
+
+pytestmark = pytest.mark.cuda
+
+TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+
+
+def _kernels():
+    from pyg_dfgnn.ops import cuda
+    if not torch.cuda.is_available() or not cuda.available():
+        pytest.skip('CUDA kernels unavailable')
+
+
+def make_graph(kind, rng):
+    g = torch.Generator().manual_seed(rng.randrange(2**31))
+    if kind == 'empty':
+        return torch.empty(2, 0, dtype=torch.long), 7
+    if kind == 'one':
+        return torch.tensor([[0], [0]]), 1
+    n = rng.randint(2, 200)
+    e = rng.randint(1, 6 * n)
+    ei = torch.randint(0, n, (2, e), generator=g)
+    if kind == 'super':  # node 0 gets ~3000 edges
+        ei = torch.cat([ei, torch.stack([
+            torch.randint(0, n, (3000, ), generator=g),
+            torch.zeros(3000, dtype=torch.long)])], dim=1)
+    ei[1, ei[1] == 1] = 2  # an empty row (before loops)
+    ei[:, 0] = torch.tensor([3 % n, 3 % n])  # an input self-loop
+    return ei, n
+
+
+CASES = [(fill, kind, dtype)
+         for fill in ('none', 'mean', 'add', 'const')
+         for kind in ('random', 'super', 'empty', 'one')
+         for dtype in (torch.float32, torch.float16, torch.bfloat16)]
+
+
+@pytest.mark.parametrize('fill,kind,dtype', CASES)
+def test_dots_and_sums_match_reference(fill, kind, dtype):
+    _kernels()
+    clear_graph_cache()
+    seed = zlib.crc32(f'{fill}{kind}{dtype}'.encode())
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    ei, n = make_graph(kind, rng)
+    ei = ei.cuda()
+    heads, dim = rng.choice([(1, 16), (3, 3), (8, 16), (16, 32), (4, 5)])
+    loops = None if fill == 'none' else n
+    fill_value = {'none': None, 'mean': 'mean', 'add': 'add',
+                  'const': 0.5}[fill]
+    structure = resolve_graph(ei, n, n, ei.device, loops=loops)
+    e_in = ei.size(1)
+
+    def rnd(*shape):
+        x = torch.randn(*shape, generator=gen).to('cuda', dtype)
+        return x.requires_grad_()
+
+    edge_attr = rnd(e_in, dim)
+    emap = structure.edge_attr_map(ei, edge_attr, fill_value)
+    assert emap is not None
+    e = emap.num_edges
+    shared = rng.random() < 0.3
+    node_mat = rnd(1 if shared else n, heads, dim)
+    weight = rnd(e, heads)
+    x64 = edge_attr.detach().double().requires_grad_()
+    m64 = node_mat.detach().double().requires_grad_()
+    w64 = weight.detach().double().requires_grad_()
+    emap64 = emap if emap.fill_row is None else \
+        type(emap)(**{**emap.__dict__, 'fill_row': emap.fill_row.double()})
+
+    poison_allocator()
+    dots = edge_attr_dots(emap, edge_attr, node_mat)
+    sums = edge_attr_sums(emap, edge_attr, weight)
+    from pyg_dfgnn.ops.edge_attr import (edge_attr_dots_reference,
+                                         edge_attr_sums_reference)
+    ref_dots = edge_attr_dots_reference(emap64, x64, m64)
+    ref_sums = edge_attr_sums_reference(emap64, x64, w64)
+    assert dots.shape == ref_dots.shape and sums.shape == ref_sums.shape
+    assert rel_err(dots, ref_dots) <= TOL[dtype]
+    assert rel_err(sums, ref_sums) <= TOL[dtype]
+    g_dots = torch.randn(dots.shape, generator=gen).to(dots)
+    g_sums = torch.randn(sums.shape, generator=gen).to(sums)
+    got = torch.autograd.grad((dots * g_dots).sum() + (sums * g_sums).sum(),
+                              (edge_attr, node_mat, weight))
+    want = torch.autograd.grad(
+        (ref_dots * g_dots.double()).sum() + (
+            ref_sums * g_sums.double()).sum(), (x64, m64, w64),
+        allow_unused=True)  # (no edge reads edge_attr when E_in = 0)
+    want = [torch.zeros_like(t) if g is None else g
+            for g, t in zip(want, (x64, m64, w64))]
+    for name, a, b in zip(('edge_attr', 'node_mat', 'weight'), got, want):
+        assert torch.isfinite(a).all(), name
+        assert rel_err(a, b, floor=1e-3) <= 2 * TOL[dtype], name
+    if loops is not None and e_in > 0:  # the removed input self-loop
+        assert bool((got[0][0] == 0).all())
+
+
+def test_deterministic():
+    _kernels()
+    ei = torch.randint(0, 300, (2, 5000), device='cuda')
+    structure = resolve_graph(ei, 300, 300, ei.device, loops=300)
+    x = torch.randn(5000, 16, device='cuda', requires_grad=True)
+    emap = structure.edge_attr_map(ei, x, 'mean')
+    m = torch.randn(1, 8, 16, device='cuda', requires_grad=True)
+    runs = []
+    for _ in range(2):
+        t = edge_attr_dots(emap, x, m)
+        runs.append((t,) + torch.autograd.grad(t.square().sum(), (x, m)))
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+CONVS = [('GATConv', 'DFGATConv', dict(heads=3, edge_dim=5)),
+         ('GATConv', 'DFGATConv', dict(heads=2, edge_dim=4, fill_value=0.3)),
+         ('GATConv', 'DFGATConv', dict(heads=2, edge_dim=4, fill_value='add',
+                                       concat=False)),
+         ('TransformerConv', 'DFTransformerConv', dict(heads=3, edge_dim=5)),
+         ('TransformerConv', 'DFTransformerConv',
+          dict(heads=2, edge_dim=7, beta=True, concat=False))]
+
+
+@pytest.mark.parametrize('pyg_name,our_name,kwargs', CONVS)
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
+def test_convs_with_raw_edge_attributes_match_pyg(pyg_name, our_name,
+                                                   kwargs, dtype):
+    _kernels()
+    import torch_geometric.nn as pyg_nn
+
+    import pyg_dfgnn.nn as df_nn
+    torch.manual_seed(0)
+    n = 150
+    ei = torch.randint(0, n, (2, 1200), device='cuda')
+    ei[:, :4] = 7  # input self-loops (removed by GAT)
+    x = torch.randn(n, 24, device='cuda')
+    edge_attr = torch.randn(ei.size(1), kwargs['edge_dim'], device='cuda',
+                            requires_grad=True)
+    ref = getattr(pyg_nn, pyg_name)(24, 11, **kwargs).cuda()
+    ours = getattr(df_nn, our_name)(24, 11, **kwargs).cuda()
+    ours.load_state_dict(ref.state_dict())
+    outs = []
+    for conv in (ref, ours):
+        with torch.autocast('cuda', dtype, enabled=dtype != torch.float32):
+            out, (_, alpha) = conv(x, ei, edge_attr,
+                                   return_attention_weights=True)
+        g = torch.autograd.grad(out.float().square().sum(),
+                                [edge_attr] + list(conv.parameters()))
+        outs.append((out, alpha, g))
+    tol = 2e-5 if dtype == torch.float32 else 3e-2
+    (o1, a1, g1), (o2, a2, g2) = outs
+    assert rel_err(o2, o1) <= tol
+    assert rel_err(a2, a1) <= tol
+    # (the key bias's gradient is zero up to rounding: softmax is
+    # shift-invariant; compare each gradient on the scale of all of them)
+    scale = max(b.norm().item() for b in g1)
+    for a, b in zip(g2, g1):
+        assert (a - b).norm().item() <= 5 * tol * max(b.norm().item(),
+                                                      1e-3 * scale)
