@@ -217,28 +217,35 @@ def print_table(headers: List[str], rows: List[List]) -> None:
         print(' | '.join(c.rjust(w) for c, w in zip(r, widths)))
 
 
-def make_parser(doc: str, kind: str, graphs: str, all_graphs):
-    """The benchmarks' shared CLI; a script adds its own
-    flags (``--shapes``, ``--convs``, ...) to ``parser`` before parsing."""
+def base_parser(doc: str, kind: str, quick_help: str, scale_help: str):
+    """The flags every benchmark takes: --dtype, --quick, --scale,
+    --device, --seed, --out (JSON under benchmarks/results/<kind>-...)."""
     import argparse
     parser = argparse.ArgumentParser(
         description=doc.splitlines()[0],
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--graphs', default=graphs,
-                        help=f'comma-separated, from {",".join(all_graphs)}')
     parser.add_argument('--dtype', default='fp32',
                         help='comma-separated: fp32, bf16, fp16')
-    parser.add_argument('--quick', action='store_true',
-                        help='smoke run: cora-like + pattern-like (tiny '
-                        'cora-like + mnist-like on a CPU), short timing')
+    parser.add_argument('--quick', action='store_true', help=quick_help)
     parser.add_argument('--scale', type=float, default=None,
-                        help='shrink the graphs (default 1, 0.05 on a CPU '
-                        'with --quick)')
+                        help=scale_help)
     parser.add_argument('--device', default=None,
                         help='default: cuda if available, else cpu')
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--out', default=None, help='JSON path (default '
                         f'benchmarks/results/{kind}-<gpu>-<date>.json)')
+    return parser
+
+
+def make_parser(doc: str, kind: str, graphs: str, all_graphs):
+    """The graph benchmarks' shared CLI; a script adds its own
+    flags (``--shapes``, ``--convs``, ...) to ``parser`` before parsing."""
+    parser = base_parser(
+        doc, kind, 'smoke run: cora-like + pattern-like (tiny cora-like + '
+        'mnist-like on a CPU), short timing',
+        'shrink the graphs (default 1, 0.05 on a CPU with --quick)')
+    parser.add_argument('--graphs', default=graphs,
+                        help=f'comma-separated, from {",".join(all_graphs)}')
     return parser
 
 

@@ -25,7 +25,6 @@ how often the step reached the pure-PyTorch reference path, and the gates:
 On a CPU (``--quick``) our convs run the reference path: the run only checks
 that the script works; gates are reported on CUDA only.
 """
-import argparse
 import contextlib
 import os
 import sys
@@ -37,7 +36,8 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # graphs/timing; pyg_dfgnn
 from graphs import GraphSpec, _batch, stats  # noqa: E402
-from timing import (guard_oom, Timer, default_out, environment, fmt,  # noqa: E402
+from timing import (guard_oom, Timer, base_parser, default_out,  # noqa: E402
+                    environment, fmt,
                     eval_errors, speedup,
                     free_memory, peak_memory_mb, print_table, rel_err,
                     save_json)
@@ -306,27 +306,15 @@ def print_rows(rows: List[Dict]) -> None:
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = base_parser(
+        __doc__, 'training_features',
+        'smoke run: short timing (and 1%% of the graphs on a CPU)',
+        'fraction of the 1,024 graphs (default 1, 0.01 on a CPU with '
+        '--quick)')
     parser.add_argument('--rows', default=','.join(BY_NAME),
                         help=f'comma-separated, from {",".join(BY_NAME)}')
-    parser.add_argument('--dtype', default='fp32',
-                        help='comma-separated: fp32, bf16, fp16 (autocast)')
-    parser.add_argument('--quick', action='store_true',
-                        help='smoke run: short timing (and 1%% of the '
-                        'graphs on a CPU)')
-    parser.add_argument('--scale', type=float, default=None,
-                        help='fraction of the 1,024 graphs (default 1, '
-                        '0.01 on a CPU with --quick)')
-    parser.add_argument('--device', default=None,
-                        help='default: cuda if available, else cpu')
-    parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--strict', action='store_true',
                         help='exit 1 if a gate fails')
-    parser.add_argument('--out', default=None, help='JSON path (default '
-                        'benchmarks/results/training_features-<gpu>-<date>'
-                        '.json)')
     args = parser.parse_args(argv)
     for names, known in ((args.rows, BY_NAME), (args.dtype, DTYPES)):
         for n in names.split(','):

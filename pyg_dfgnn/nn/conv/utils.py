@@ -190,14 +190,7 @@ class EdgeStructure:
             return EdgeAttrMap(g.rowptr, index, g.num_edges,
                                self.num_input_edges)
         if fill != 'const':
-            _, in_range = self._kept_destinations(adj)
-            if not in_range:
-                raise ValueError(
-                    f"'fill_value' = '{fill}' aggregates the features of "
-                    f"the edges pointing to each node, but some edges point "
-                    f"to destinations >= {self.loops} (the nodes that get "
-                    f"self-loops); pass a float or Tensor 'fill_value' for "
-                    f"this bipartite graph")
+            self._check_fill_in_range(adj, fill)
         index = self._take_maps('attr', self._attr_index(adj),
                                 self.num_input_edges + self.loops)[0]
         unused = self._keep_index(adj).numel() < self.num_input_edges
@@ -279,14 +272,8 @@ class EdgeStructure:
             raise ValueError(f"'fill_value' must be a float, Tensor or str "
                              f"(got {type(fill_value).__name__})")
         keep = self._keep_index(adj)
-        kept_dst, in_range = self._kept_destinations(adj)
-        if not in_range:
-            raise ValueError(
-                f"'fill_value' = '{fill_value}' aggregates the features of "
-                f"the edges pointing to each node, but some edges point to "
-                f"destinations >= {self.loops} (the nodes that get "
-                f"self-loops); pass a float or Tensor 'fill_value' for this "
-                f"bipartite graph")
+        self._check_fill_in_range(adj, fill_value)
+        kept_dst, _ = self._kept_destinations(adj)
         if fill_value in ('mean', 'add', 'sum') and edge_attr.dtype in (
                 torch.float32, torch.float64) and edge_attr.dim() == 2:
             # A sparse [loops, E_in] averaging (summing) matrix: one SpMM
@@ -336,6 +323,17 @@ class EdgeStructure:
                         (self.num_input_edges, self.loops))
             maps[key] = (a, a_t)
         return maps[key]  # float32; _SpMM casts
+
+    def _check_fill_in_range(self, adj: Any, fill_value: str) -> None:
+        """An aggregating fill needs every kept edge to point to a node
+        that gets a self-loop."""
+        if not self._kept_destinations(adj)[1]:
+            raise ValueError(
+                f"'fill_value' = '{fill_value}' aggregates the features of "
+                f"the edges pointing to each node, but some edges point to "
+                f"destinations >= {self.loops} (the nodes that get "
+                f"self-loops); pass a float or Tensor 'fill_value' for this "
+                f"bipartite graph")
 
     @torch.compiler.disable
     def _kept_destinations(self, adj: Any) -> Tuple[Tensor, bool]:
