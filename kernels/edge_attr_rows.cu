@@ -26,7 +26,9 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include "common.cuh"
+#include "dispatch.cuh"
+#include "numeric.cuh"
+#include "vector_io.cuh"
 #include "ops.h"
 
 namespace pyg_dfgnn {

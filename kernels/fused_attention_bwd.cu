@@ -1,15 +1,15 @@
-// Host entry of the fused backward (see fused_attention_bwd.cuh for the
-// kernels): input checks, output allocation, dtype dispatch. fp32 is
-// instantiated here, fp16 / bf16 in their own translation units so the three
-// compile in parallel.
+// Host entry of the fused backward (kernels: bwd_*.cuh, see bwd_common.cuh):
+// input checks, output allocation, dtype dispatch. The kernels are
+// instantiated in fused_attention_bwd_{f32,f16,bf16}.cu (three translation
+// units that compile in parallel).
 #include <c10/cuda/CUDAGuard.h>
 
-#include "fused_attention_bwd.cuh"
+#include "bwd_launch_template.cuh"
 #include "ops.h"
 
 namespace pyg_dfgnn {
 namespace bwd {
-template void run_bwd<float>(Args&);
+extern template void run_bwd<float>(Args&);
 extern template void run_bwd<at::Half>(Args&);
 extern template void run_bwd<at::BFloat16>(Args&);
 }  // namespace bwd

@@ -1,6 +1,6 @@
-// Half instantiation of the fused backward (see fused_attention_bwd.cuh); a
+// Half instantiation of the fused backward (see bwd_common.cuh); a
 // translation unit of its own so the dtypes compile in parallel.
-#include "fused_attention_bwd.cuh"
+#include "bwd_launch_template.cuh"
 
 namespace pyg_dfgnn {
 namespace bwd {

@@ -1,4 +1,4 @@
-// Host entry of the fused forward (kernels in fused_attention_fwd.cuh): input
+// Host entry of the fused forward (kernels: fwd_*.cuh, see fwd_common.cuh): input
 // checks, output allocation, the SMMF / PMF decision, dtype dispatch. The
 // kernels are instantiated in fused_attention_fwd_{smmf,pmf}_{f32,f16,bf16}.cu
 // (six translation units that compile in parallel).
@@ -9,7 +9,7 @@
 
 #include <algorithm>
 
-#include "fused_attention_fwd.cuh"
+#include "fwd_launch_template.cuh"
 #include "ops.h"
 
 namespace pyg_dfgnn {

@@ -1,6 +1,6 @@
 // PMF forward kernels for float (own translation unit: the six
 // dtype x strategy units compile in parallel).
-#include "fused_attention_fwd.cuh"
+#include "fwd_launch_template.cuh"
 
 namespace pyg_dfgnn {
 namespace fwd {

@@ -157,7 +157,7 @@ def _col_stage_capacity(kind: str, query: Tensor, value: Tensor) -> int:
     # 32 warps (kStagedWarps) x (key row unless 'dot', d att partial,
     # d a_src [H], p / ds [2][H][32-edge chunk] fp32, neighbour / edge ids
     # int64 [2][32]) + att fp32 and the block scalars (bwd_layout in
-    # kernels/fused_attention_bwd.cuh; rows padded to 4 floats, 16 bytes)
+    # kernels/bwd_common.cuh; rows padded to 4 floats, 16 bytes)
     def pad4(n):
         return (n + 3) // 4 * 4
 

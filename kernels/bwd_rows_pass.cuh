@@ -1,0 +1,246 @@
+// Backward rows pass (CSR, owner = destination i), see bwd_common.cuh.
+#pragma once
+
+#include "bwd_common.cuh"
+
+namespace pyg_dfgnn {
+namespace bwd {
+
+// Owners = destination rows [r_begin, r_end) taken from `next`; K / V rows
+// of source j at kb + (j - lo) * HD_k, vb + (j - lo) * HF.
+template <typename T, typename I, int KIND, int VW, int SLOTS, typename OFF,
+          bool FEAT>
+__device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
+                                          const WarpScratch& w, int* next,
+                                          int64_t r_begin, int64_t r_end,
+                                          const T* kb, const T* vb, int64_t lo,
+                                          const float* att) {
+  constexpr int C = kChunk;
+  const int lane = threadIdx.x % kWarpSize;
+  const int H = a.H, D = a.D, F = a.F;
+  const int HD_k = KIND == kAdd ? H : H * D;
+  const int HF = H * F;
+  const int slots = KIND == kAdd ? 0 : HD_k / VW;
+  const int group = a.group, ls = lane % group, sub = lane / group;
+  const int G = a.item_group, ng = kWarpSize / G;
+  const int gi = lane / G, lg = lane % G;
+  const unsigned h_magic = ((1u << 20) + H - 1) / H;  // it / H, H <= 128
+  float* lse_h = w.hv;
+  float* dsum = w.hv + H;
+  float* add_a = w.hv + 2 * H;
+  float* add_b = w.hv + 3 * H;
+  const int n_pass = slots > 0 ? (slots + group * SLOTS - 1) / (group * SLOTS)
+                               : 1;
+  uint64_t seed, offset;
+  drop_begin<FEAT>(a.drop, seed, offset);
+
+  for (;;) {
+    int r = 0;
+    if (lane == 0) r = atomicAdd(next, 1);
+    r = __shfl_sync(kFullMask, r, 0);
+    if (r_begin + r >= r_end) break;
+    const Unit un = unit_of(a, r_begin + r);
+    const int64_t row = un.owner, elo = un.elo, ehi = un.ehi;
+    float* part = un.slot >= 0 ? a.part + un.slot * (2 * HD_k + H) : nullptr;
+    for (int i = lane; i < HD_k; i += kWarpSize)
+      w.own[i] = to_float(a.own_a[row * HD_k + i]);
+    for (int i = lane; i < HF; i += kWarpSize)
+      w.own2[i] = to_float(a.own_b[row * HF + i]);
+    for (int h = lane; h < H; h += kWarpSize) lse_h[h] = a.lse[row * H + h];
+
+    // Feature passes of group * SLOTS vectors (one unless H*D is large);
+    // each pass recomputes the items.
+    for (int pass = 0; pass < n_pass; ++pass) {
+      const int c0 = pass * group * SLOTS;
+      float acc_a[SLOTS][VW], acc_b[SLOTS][VW];
+      int hs[SLOTS];
+      begin_pass<VW, SLOTS>(acc_a, hs, c0, ls, group, H, D);
+      begin_pass<VW, SLOTS>(acc_b, hs, c0, ls, group, H, D);
+      __syncwarp();  // the previous row has read dsum
+      if (pass == 0)
+        for (int h = lane; h < H; h += kWarpSize) {
+          dsum[h] = 0.f;
+          if constexpr (KIND == kAdd) add_a[h] = add_b[h] = 0.f;
+        }
+
+      for (int64_t cb = elo; cb < ehi; cb += C) {
+        const int n = (int)(ehi - cb < C ? ehi - cb : C);
+        __syncwarp();
+        if (lane < n) w.j[lane] = (int64_t)a.idx[cb + lane] - lo;
+        __syncwarp();
+        // items: s_ij and dp_ij, two per lane group in flight; the trip
+        // count is warp-uniform (group8_sum shuffles across groups). Later
+        // feature passes (H * D above one pass) read (p, t) back from ebuf,
+        // written by this warp in pass 0.
+        const int n_items = n * H;
+        const bool lean = a.ebuf == nullptr;
+        if (pass > 0 && !lean) {
+          for (int it = lane; it < n_items; it += kWarpSize) {
+            const int e = (int)(((unsigned)it * h_magic) >> 20), h = it - e * H;
+            const float2 pt = a.ebuf[(cb + e) * H + h];
+            w.p[h * C + e] = fabsf(pt.x);  // (the sign marks a dropped edge)
+            w.t[h * C + e] = pt.y;
+          }
+        }
+        for (int it0 = 0; (pass == 0 || lean) && it0 < n_items;
+             it0 += 2 * ng) {
+          float ps[2], pd[2];
+          int ie[2], ih[2];
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            const int it = it0 + u * ng + gi;
+            ps[u] = pd[u] = 0.f;
+            ie[u] = -1, ih[u] = 0;
+            if (it < n_items) {
+              const int e = (int)(((unsigned)it * h_magic) >> 20);
+              const int h = it - e * H;
+              ie[u] = e, ih[u] = h;
+              const OFF jr = (OFF)w.j[e];
+              if constexpr (KIND != kAdd)
+                ps[u] = score_part<KIND, T, VW>(
+                    w.own + h * D, kb + jr * HD_k + h * D, att + h * D, D,
+                    lg * VW, G * VW, a.slope,
+                    (FEAT && a.et.ek != nullptr) ? a.et.ek + (cb + e) * HD_k + h * D
+                                       : nullptr);
+              pd[u] = score_part<kDot, T, VW>(
+                  w.own2 + h * F, vb + jr * HF + h * F, nullptr, F, lg * VW,
+                  G * VW, 0.f,
+                  (FEAT && a.et.ev != nullptr) ? a.et.ev + (cb + e) * HF + h * F
+                                     : nullptr);
+            }
+          }
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            const float sp = KIND == kAdd ? 0.f : group8_sum(ps[u], G);
+            const float dp = group8_sum(pd[u], G);
+            if (lg == 0 && ie[u] >= 0) {
+              const int e = ie[u], h = ih[u];
+              float sc = sp, gz = 1.f;
+              if constexpr (KIND == kDot) {
+                sc = sp * a.scale;
+                if ((FEAT && a.et.es != nullptr))
+                  sc += to_float(a.et.es[(cb + e) * H + h]);
+              }
+              if constexpr (KIND == kAdd) {
+                float z = w.own[h] + to_float(kb[(OFF)w.j[e] * H + h]);
+                if ((FEAT && a.et.es != nullptr))
+                  z += to_float(a.et.es[(cb + e) * H + h]);
+                sc = leaky_relu(z, a.slope);
+                gz = leaky_relu_grad(z, a.slope);
+              }
+              const float p = expf(sc - lse_h[h]);
+              // out_i = sum_j f p_ij (v_j + ev_ij): dL/dp_ij = f dp_ij
+              // (+ the returned weights' own gradient)
+              const float f = drop_factor<FEAT>(a.drop, seed, offset, cb + e, h);
+              float dpe = f * dp;
+              if ((FEAT && a.galpha != nullptr)) {
+                const int64_t ea = a.aperm != nullptr
+                                       ? (int64_t)a.aperm[cb + e] : cb + e;
+                dpe = fmaf(to_float(a.galpha[ea * H + h]),
+                           a.galpha_dropped ? f : 1.f, dpe);
+              }
+              const float t = p * dpe;
+              if (pass == 0 && !lean)
+                a.ebuf[(cb + e) * H + h] = make_float2(f == 0.f ? -p : p, t);
+              w.t[h * C + e] = t;
+              w.p[h * C + e] = p * gz;
+              if constexpr (KIND == kAdd) w.g[h * C + e] = t * gz;
+            }
+          }
+        }
+        __syncwarp();
+        // per-head sums over the chunk: D (and A, B for 'add')
+        for (int h = 0; pass == 0 && h < H; ++h) {
+          const float ts = warp_sum(lane < n ? w.t[h * C + lane] : 0.f);
+          float as = 0.f, bs = 0.f;
+          if constexpr (KIND == kAdd) {
+            as = warp_sum(lane < n ? w.g[h * C + lane] : 0.f);
+            bs = warp_sum(lane < n ? w.p[h * C + lane] : 0.f);
+          }
+          if (lane == 0) {
+            dsum[h] += ts;
+            if constexpr (KIND == kAdd) add_a[h] += as, add_b[h] += bs;
+          }
+        }
+        // A += t g, B += p g over the chunk's K rows
+        if constexpr (KIND != kAdd) {
+          for_chunk_vectors<T, VW, SLOTS, kUnrollRows>(
+              n, slots, c0, group, ls, sub,
+              [&](int e, int sl) { return kb + (OFF)w.j[e] * HD_k + sl * VW; },
+              [&](int e, int s, int sl, const float (&xk)[VW]) {
+                const float p = w.p[hs[s] * C + e], t = w.t[hs[s] * C + e];
+                float x[VW];  // k_j + ek_ij
+#pragma unroll
+                for (int i = 0; i < VW; ++i) x[i] = xk[i];
+                if ((FEAT && a.et.ek != nullptr))
+                  add_vec<T, VW>(a.et.ek + (cb + e) * HD_k + sl * VW, x);
+                if constexpr (KIND == kDot) {
+#pragma unroll
+                  for (int i = 0; i < VW; ++i) {
+                    acc_a[s][i] = fmaf(t, x[i], acc_a[s][i]);
+                    acc_b[s][i] = fmaf(p, x[i], acc_b[s][i]);
+                  }
+                } else {
+                  float qx[VW], ax[VW];
+                  load_smem<VW>(w.own + sl * VW, qx);
+                  load_smem<VW>(att + sl * VW, ax);
+#pragma unroll
+                  for (int i = 0; i < VW; ++i) {
+                    const float g =
+                        ax[i] * leaky_relu_grad(qx[i] + x[i], a.slope);
+                    acc_a[s][i] = fmaf(t, g, acc_a[s][i]);
+                    acc_b[s][i] = fmaf(p, g, acc_b[s][i]);
+                  }
+                }
+              });
+        }
+      }
+      __syncwarp();  // dsum complete
+      if constexpr (KIND != kAdd) {
+        reduce_edge_groups<VW, SLOTS>(acc_a, group);
+        reduce_edge_groups<VW, SLOTS>(acc_b, group);
+        if (sub == 0) {
+          const float gscale = KIND == kDot ? a.scale : 1.f;
+#pragma unroll
+          for (int s = 0; s < SLOTS; ++s) {
+            const int sl = c0 + ls + s * group;
+            if (sl < slots && part != nullptr) {
+#pragma unroll
+              for (int i = 0; i < VW; ++i) {
+                part[sl * VW + i] = acc_a[s][i];
+                part[HD_k + sl * VW + i] = acc_b[s][i];
+              }
+            } else if (sl < slots) {
+              const float d = dsum[hs[s]];
+              float x[VW];
+              // D * B rounded like A's products (no FMA contraction): a row
+              // whose softmax is one edge (p = 1) then gives exactly 0
+#pragma unroll
+              for (int i = 0; i < VW; ++i)
+                x[i] = (acc_a[s][i] - __fmul_rn(d, acc_b[s][i])) * gscale;
+              store_vec<T, VW>(a.grad_a + row * HD_k + (int64_t)sl * VW, x);
+            }
+          }
+        }
+      } else {
+        for (int h = lane; h < H; h += kWarpSize) {
+          if (part != nullptr)
+            part[h] = add_a[h], part[HD_k + h] = add_b[h];
+          else
+            a.grad_a[row * H + h] =
+                from_float<T>(add_a[h] - __fmul_rn(dsum[h], add_b[h]));
+        }
+      }
+    }
+    for (int h = lane; h < H; h += kWarpSize) {
+      if (part != nullptr)
+        part[2 * HD_k + h] = dsum[h];
+      else
+        a.drow[row * H + h] = dsum[h];
+    }
+    __syncwarp();  // the next row overwrites this warp's scratch
+  }
+}
+
+}  // namespace bwd
+}  // namespace pyg_dfgnn

@@ -1,0 +1,82 @@
+// Runtime value -> template parameter dispatch of the kernels' host code:
+//   PYG_DFGNN_DISPATCH_FLOAT(dtype, NAME, ...)  -> scalar_t (float/half/bf16)
+//   PYG_DFGNN_DISPATCH_INDEX(dtype, NAME, ...)  -> index_t (int32_t/int64_t)
+//   PYG_DFGNN_DISPATCH_KIND(kind, ...)          -> constexpr int KIND
+//   PYG_DFGNN_DISPATCH_BOOL(flag, NAME, ...)    -> constexpr bool NAME
+#pragma once
+
+#include <ATen/ATen.h>
+
+
+
+
+
+#define PYG_DFGNN_DISPATCH_FLOAT(dtype, NAME, ...)                        \
+  [&] {                                                                   \
+    switch (dtype) {                                                      \
+      case at::kFloat: {                                                  \
+        using scalar_t = float;                                           \
+        return __VA_ARGS__();                                             \
+      }                                                                   \
+      case at::kHalf: {                                                   \
+        using scalar_t = at::Half;                                        \
+        return __VA_ARGS__();                                             \
+      }                                                                   \
+      case at::kBFloat16: {                                               \
+        using scalar_t = at::BFloat16;                                    \
+        return __VA_ARGS__();                                             \
+      }                                                                   \
+      default:                                                            \
+        TORCH_CHECK(false, NAME, ": unsupported dtype ", dtype,           \
+                    " (expected float32, float16 or bfloat16)");          \
+    }                                                                     \
+  }()
+
+#define PYG_DFGNN_DISPATCH_INDEX(dtype, NAME, ...)                        \
+  [&] {                                                                   \
+    switch (dtype) {                                                      \
+      case at::kInt: {                                                    \
+        using index_t = int32_t;                                          \
+        return __VA_ARGS__();                                             \
+      }                                                                   \
+      case at::kLong: {                                                   \
+        using index_t = int64_t;                                          \
+        return __VA_ARGS__();                                             \
+      }                                                                   \
+      default:                                                            \
+        TORCH_CHECK(false, NAME, ": index dtype must be int32 or int64 "  \
+                    "(got ", dtype, ")");                                 \
+    }                                                                     \
+  }()
+
+#define PYG_DFGNN_DISPATCH_KIND(kind, ...)                                \
+  [&] {                                                                   \
+    switch (kind) {                                                       \
+      case 0: {                                                           \
+        constexpr int KIND = 0;                                           \
+        return __VA_ARGS__();                                             \
+      }                                                                   \
+      case 1: {                                                           \
+        constexpr int KIND = 1;                                           \
+        return __VA_ARGS__();                                             \
+      }                                                                   \
+      case 2: {                                                           \
+        constexpr int KIND = 2;                                           \
+        return __VA_ARGS__();                                             \
+      }                                                                   \
+      default:                                                            \
+        TORCH_CHECK(false, "unknown score kind ", kind,                   \
+                    " (0 = dot, 1 = add, 2 = gatv2)");                    \
+    }                                                                     \
+  }()
+
+#define PYG_DFGNN_DISPATCH_BOOL(flag, NAME, ...) \
+  [&] {                                          \
+    if (flag) {                                  \
+      constexpr bool NAME = true;                \
+      return __VA_ARGS__();                      \
+    } else {                                     \
+      constexpr bool NAME = false;               \
+      return __VA_ARGS__();                      \
+    }                                            \
+  }()

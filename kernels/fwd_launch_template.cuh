@@ -1,0 +1,215 @@
+// Host side of the forward kernels: the launch description the host entry
+// (fused_attention_fwd.cu) fills, and run_smmf<T> / run_pmf<T>, each
+// instantiated per dtype in its own translation unit.
+#pragma once
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "dispatch.cuh"
+#include "fwd_alpha_kernel.cuh"
+#include "fwd_common.cuh"
+#include "fwd_pmf_kernel.cuh"
+#include "fwd_smmf_kernel.cuh"
+
+namespace pyg_dfgnn {
+namespace fwd {
+
+// Everything the host entry decided; run_smmf<T> / run_pmf<T> (one
+// instantiation per dtype and strategy, each in its own translation unit so
+// they compile in parallel) dispatch index type / VEC / KIND.
+struct Launch {
+  at::Tensor rowptr, col, query, key, value, att, out, lse;
+  at::Tensor windows;  // SMMF: int64 [W + 1] row windows (undefined: plain)
+  at::Tensor edge_score, edge_key, edge_value;  // CSR order (or undefined)
+  at::Tensor alpha;       // [E, H] attention weights (undefined: not asked)
+  at::Tensor alpha_perm;  // CSR edge -> row of alpha (undefined: identity)
+  bool alpha_dropped;     // alpha after dropout (GAT) or before
+  DropoutMask drop;
+  // any of the above: the kernels instantiated with the features
+  bool features() const {
+    return edge_score.defined() || edge_key.defined() ||
+           edge_value.defined() || alpha.defined() || drop.active;
+  }
+  int64_t kind, n_dst, n_edges, max_in_degree;
+  int64_t H, D, F;
+  int qk_group, v_group, device_optin;
+  int64_t stage_span;  // SMMF: source rows staged per window (0: none)
+  bool vec;
+  double scale, negative_slope;
+};
+
+template <typename Kernel>
+void allow_smem(Kernel kernel, size_t bytes) {
+  if (bytes > 48 * 1024)
+    C10_CUDA_CHECK(cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+template <typename scalar_t, typename index_t, bool VEC>
+FwdArgs<scalar_t, index_t> make_args(const Launch& L) {
+  FwdArgs<scalar_t, index_t> a;
+  a.rowptr = L.rowptr.data_ptr<int64_t>();
+  a.col = L.col.data_ptr<index_t>();
+  a.q = L.query.data_ptr<scalar_t>();
+  a.k = L.key.data_ptr<scalar_t>();
+  a.v = L.value.data_ptr<scalar_t>();
+  auto ptr = [](const at::Tensor& t) -> const scalar_t* {
+    return t.defined() ? t.data_ptr<scalar_t>() : nullptr;
+  };
+  a.att = ptr(L.att);
+  a.out = L.out.data_ptr<scalar_t>();
+  a.lse = L.lse.data_ptr<float>();
+  a.et = {ptr(L.edge_score), ptr(L.edge_key), ptr(L.edge_value)};
+  a.drop = L.drop;
+  a.scores = nullptr;
+  a.n_dst = L.n_dst;
+  a.H = (int)L.H, a.D = (int)L.D, a.F = (int)L.F;
+  a.qk_group = L.qk_group, a.v_group = L.v_group;
+  a.scale = (float)L.scale, a.slope = (float)L.negative_slope;
+  return a;
+}
+
+// Shared memory of an SMMF launch (host side of smmf_layout).
+inline SmmfLayout smmf_launch_layout(const Launch& L, int64_t span,
+                                     int warps) {
+  const int HD = (int)(L.H * L.D);
+  const int HD_k = L.kind == kAdd ? (int)L.H : HD;
+  return smmf_layout((int)span, (int)L.H, HD_k, (int)(L.H * L.F),
+                     L.kind == kGatv2 ? HD : 0, warps,
+                     L.value.element_size());
+}
+
+// The attention weights from the raw scores, once lse is final.
+template <typename scalar_t>
+void run_alpha(const Launch& L, const at::Tensor& scores) {
+  if (!L.alpha.defined() || L.n_edges == 0) return;
+  DropoutMask drop = L.drop;
+  drop.active = drop.active && L.alpha_dropped;
+  drop.saved = drop.save;  // written by the forward kernel
+  const auto perm_type = L.alpha_perm.defined() ? L.alpha_perm.scalar_type()
+                                                : at::kLong;
+  PYG_DFGNN_DISPATCH_INDEX(perm_type, "fused_attention_fwd", [&] {
+    alpha_kernel<scalar_t, index_t>
+        <<<(unsigned)((L.n_edges + kThreads - 1) / kThreads), kThreads, 0,
+           c10::cuda::getCurrentCUDAStream()>>>(
+            L.rowptr.data_ptr<int64_t>(), L.n_dst, scores.data_ptr<float>(),
+            L.lse.data_ptr<float>(),
+            L.alpha_perm.defined() ? L.alpha_perm.data_ptr<index_t>()
+                                   : nullptr,
+            drop, L.alpha.data_ptr<scalar_t>(), L.n_edges, (int)L.H);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+// SMMF (int32 col only: the host routes int64-indexed graphs to PMF).
+template <typename scalar_t>
+void run_smmf(const Launch& L) {
+  using index_t = int32_t;
+  TORCH_CHECK(L.col.scalar_type() == at::kInt,
+              "fused_attention_fwd: SMMF needs int32 'col'");
+  const bool windowed = L.windows.defined();
+  const int warps = windowed ? kSmmfStagedWarps : kSmmfPlainWarps;
+  const int64_t span = windowed ? L.stage_span : 0;
+  const size_t bytes = smmf_launch_layout(L, span, warps).total;
+  const int64_t blocks = windowed
+                             ? L.windows.numel() - 1
+                             : (L.n_dst + kSmmfPlainRows - 1) / kSmmfPlainRows;
+  if (blocks <= 0) return;
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  at::Tensor scores;  // raw scores, only for the attention weights
+  if (L.alpha.defined())
+    scores = at::empty({L.n_edges, L.H}, L.value.options().dtype(at::kFloat));
+  PYG_DFGNN_DISPATCH_BOOL(L.vec, VEC, [&] {
+    auto a = make_args<scalar_t, index_t, VEC>(L);
+    if (scores.defined()) a.scores = scores.data_ptr<float>();
+    PYG_DFGNN_DISPATCH_KIND(L.kind, [&] {
+     PYG_DFGNN_DISPATCH_BOOL(L.features(), FEAT, [&] {
+      auto kernel = smmf_fwd_kernel<scalar_t, KIND, VEC, FEAT>;
+      allow_smem(kernel, bytes);
+      kernel<<<(unsigned)blocks, warps * kWarpSize, bytes, stream>>>(
+          a, windowed ? L.windows.data_ptr<int64_t>() : nullptr,
+          kSmmfPlainRows, (int)span);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+     });
+    });
+  });
+  run_alpha<scalar_t>(L, scores);
+}
+
+template <typename scalar_t>
+void run_pmf(const Launch& L) {
+  const int64_t n_dst = L.n_dst, n_edges = L.n_edges, H = L.H, F = L.F;
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const auto fopts = L.value.options().dtype(at::kFloat);
+  // 'add' without attention weights: no scores buffer (E * H * 4 bytes,
+  // 3.7 GB at full Reddit size with 8 heads); the softmax kernel forms them.
+  const bool add_scores = L.kind == kAdd && !L.alpha.defined();
+  auto scores = add_scores ? at::Tensor() : at::empty({n_edges, H}, fopts);
+  // Segments: ceil(deg / kSegEdges) per row (>= 1, empty rows write zeros);
+  // rows of several segments get partial slots, merged by the combine kernel.
+  auto deg = L.rowptr.slice(0, 1) - L.rowptr.slice(0, 0, n_dst);
+  auto nseg = deg.add(kSegEdges - 1).div(kSegEdges, "floor").clamp_min(1);
+  auto zero = at::zeros({1}, L.rowptr.options());
+  auto seg_ptr = at::cat({zero, nseg.cumsum(0)});
+  auto slot_ptr = at::cat(
+      {zero, at::where(nseg > 1, nseg, at::zeros_like(nseg)).cumsum(0)});
+  const int64_t seg_bound = n_dst + n_edges / kSegEdges + 1;
+  const int64_t slot_bound = L.max_in_degree > kSegEdges
+                                 ? 2 * (n_edges / kSegEdges) + 2 : 0;
+  auto part_acc = at::empty({slot_bound, H * F}, fopts);
+  auto part_ml = at::empty({slot_bound, 2 * H}, fopts);
+  const size_t per_warp_floats = ((2 * H + H * kTileEdges) + 1) & ~1;
+  const size_t bytes =
+      (size_t)kWarps * (per_warp_floats + 2 * kTileEdges) * 4;
+  TORCH_CHECK(bytes <= (size_t)L.device_optin,
+              "fused_attention_fwd: too many heads (", H, ")");
+  PYG_DFGNN_DISPATCH_INDEX(L.col.scalar_type(), "fused_attention_fwd", [&] {
+    PYG_DFGNN_DISPATCH_BOOL(L.vec, VEC, [&] {
+      const auto a = make_args<scalar_t, index_t, VEC>(L);
+      if (n_edges > 0 && !add_scores) {
+        const int group = L.kind == kAdd ? 1 : L.qk_group;
+        const int64_t items = n_edges * H;
+        const int64_t items_per_warp =
+            (int64_t)(kWarpSize / group) * kUnroll * 4;
+        const int64_t warps = (items + items_per_warp - 1) / items_per_warp;
+        const int64_t blocks = (warps + kWarps - 1) / kWarps;
+        PYG_DFGNN_DISPATCH_KIND(L.kind, [&] {
+         PYG_DFGNN_DISPATCH_BOOL(L.features(), FEAT, [&] {
+          pmf_sddmm_kernel<scalar_t, index_t, KIND, VEC, FEAT>
+              <<<(unsigned)blocks, kThreads, 0, stream>>>(
+                  a, scores.data_ptr<float>(), items_per_warp);
+          C10_CUDA_KERNEL_LAUNCH_CHECK();
+         });
+        });
+      }
+     PYG_DFGNN_DISPATCH_BOOL(L.features(), FEAT, [&] {
+      PYG_DFGNN_DISPATCH_BOOL(add_scores, ADD_SCORES, [&] {
+      auto kernel =
+          pmf_softmax_spmm_kernel<scalar_t, index_t, VEC, FEAT, ADD_SCORES>;
+      allow_smem(kernel, bytes);
+      kernel<<<(unsigned)((seg_bound + kWarps - 1) / kWarps), kThreads, bytes,
+               stream>>>(a, add_scores ? nullptr : scores.data_ptr<float>(),
+                         seg_ptr.data_ptr<int64_t>(),
+                         slot_ptr.data_ptr<int64_t>(),
+                         part_acc.data_ptr<float>(), part_ml.data_ptr<float>(),
+                         seg_bound);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
+     });
+    });
+  });
+  if (L.max_in_degree > kSegEdges) {
+    pmf_combine_kernel<scalar_t>
+        <<<(unsigned)((n_dst + kWarps - 1) / kWarps), kThreads, 0, stream>>>(
+            seg_ptr.data_ptr<int64_t>(), slot_ptr.data_ptr<int64_t>(),
+            part_acc.data_ptr<float>(), part_ml.data_ptr<float>(),
+            L.out.data_ptr<scalar_t>(), L.lse.data_ptr<float>(), n_dst,
+            (int)H, (int)F);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  run_alpha<scalar_t>(L, scores);
+}
+
+}  // namespace fwd
+}  // namespace pyg_dfgnn
