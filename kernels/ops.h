@@ -11,7 +11,9 @@
 //   add  : query [N_dst,H],   key [N_src,H],   value [N_src,H,F], att undefined
 //   gatv2: query [N_dst,H,F], key [N_src,H,F], value [N_src,H,F], att [H,F]
 //   strategy 0 = SMMF, 1 = PMF (forward; the host may still route a row set
-//            that does not fit shared memory to the PMF path)
+//            that does not fit shared memory to the PMF path), 2 =
+//            tensor-core windows (fwd_tc_kernel.cuh; asked for explicitly,
+//            conditions checked, no fallback)
 //   lse     float32 [N_dst, H]: row max + log(row sum + 1e-16); the only thing
 //           the forward saves for the backward (p_ij = exp(s_ij - lse_i)).
 //           Rows without edges: lse = -inf (and out = 0).

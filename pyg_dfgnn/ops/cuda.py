@@ -27,6 +27,10 @@ from pyg_dfgnn.dispatch import SMMF
 from pyg_dfgnn.ops._loader import load_kernels
 
 KIND_IDS = {'dot': 0, 'add': 1, 'gatv2': 2}
+#: Tensor-core windows (kernels/fwd_tc_kernel.cuh): forward strategy 2,
+#: asked for explicitly; windows of at most TC_MAX_SOURCES sources.
+TC = 'tc'
+TC_MAX_SOURCES = 128
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _registered = False
 _op = None  # torch.ops.pyg_dfgnn.fused_attention.default, set by _register()
@@ -194,17 +198,26 @@ def _plan(graph, kind: str, query: Tensor, value: Tensor,
         return plan
     if strategy is None:
         strategy = graph.strategy(value.shape[1])
-    if strategy not in ('smmf', 'pmf'):
-        raise ValueError(f"'strategy' must be 'smmf' or 'pmf' "
+    if strategy not in ('smmf', 'pmf', TC):
+        raise ValueError(f"'strategy' must be 'smmf', 'pmf' or '{TC}' "
                          f"(got '{strategy}')")
-    sid = 0 if strategy == SMMF else 1
+    sid = {SMMF: 0, 'pmf': 1, TC: 2}[strategy]
     if torch.compiler.is_compiling():
         # Building windows syncs with the host (a graph break): a graph first
         # seen while tracing runs fixed windows in both passes (not cached,
         # so that eager calls still build the windows).
         return (sid, int(graph.max_in_degree), None, 0, None, 0, -1)
     windows, stage_nodes = None, 0
-    if strategy == SMMF:
+    if strategy == TC:
+        # (the kernel checks kind, dtype and sizes; the windows are the
+        # graph's to give)
+        windows, stage_nodes = graph.row_windows(TC_MAX_SOURCES)
+        if windows is None:
+            raise ValueError(
+                f"strategy '{TC}' needs row windows of at most "
+                f"{TC_MAX_SOURCES} source nodes each (a batch of small "
+                f"graphs); this graph has none")
+    elif strategy == SMMF:
         windows, stage_nodes = graph.row_windows(
             _stage_capacity(kind, query, value))
     col_windows, col_stage_nodes, max_out_degree = None, 0, -1
@@ -241,7 +254,9 @@ def fused_attention_cuda(graph, kind: str, value: Tensor, query: Tensor,
                          attention_perm: Optional[Tensor] = None):
     """Fused attention on CUDA tensors (inputs already validated by
     :func:`pyg_dfgnn.ops.check_inputs`). ``strategy`` overrides the SMMF /
-    PMF rule (``'smmf'`` or ``'pmf'``; tests use it).
+    PMF rule (``'smmf'`` or ``'pmf'``; tests use it) or asks for the
+    tensor-core windows of the forward (``'tc'``: 'dot', float16 / bfloat16,
+    D = F in {16, 32, 64, 128}, no training features; an error otherwise).
 
     ``dropout`` is the active drop probability (0 outside training);
     ``attention`` (``'before_dropout'`` / ``'after_dropout'``) also returns

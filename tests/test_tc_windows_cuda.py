@@ -1,0 +1,166 @@
+"""Tensor-core windows (kernels/fwd_tc_kernel.cuh, strategy 'tc') against
+the float64 reference and against SMMF (GPU only).
+
+Batches of small graphs with duplicate edges, self-loops, isolated nodes and
+graphs of one node; every D = F the kernel takes, H = 1 / 3 / 4, fp16 and
+bf16; outputs after poisoning the allocator; gradients through the
+unchanged backward (which reads the TC forward's lse); a window of more rows
+than one count chunk; and the clear errors for what the strategy does not
+take."""
+import math
+import random
+
+import pytest
+import torch
+
+from pyg_dfgnn.graph import DFGraph
+from pyg_dfgnn.ops.reference import fused_attention_reference
+
+from test_kernels_cuda import _cuda, poison_allocator, rel_err
+
+pytestmark = pytest.mark.cuda
+
+DTYPES = (torch.float16, torch.bfloat16)
+TOL_OUT = {torch.float16: 1e-2, torch.bfloat16: 1e-2}
+TOL_GRAD = {torch.float16: 2e-2, torch.bfloat16: 2e-2}
+
+
+def batch_graph(rng: random.Random, max_nodes: int = 128):
+    """A batch of small graphs (sizes 1 .. max_nodes), edges drawn with
+    repetition (multi-edges kept), some isolated nodes."""
+    g = torch.Generator().manual_seed(rng.randrange(2**31))
+    eis, off = [], 0
+    for _ in range(rng.randint(1, 9)):
+        n = rng.choice((1, 2, rng.randint(3, max_nodes), max_nodes))
+        e = rng.randint(0, 6 * n)
+        src = torch.randint(0, n, (e, ), generator=g)
+        dst = torch.randint(0, n, (e, ), generator=g)
+        if rng.random() < 0.3:  # isolated destinations
+            dst = dst - dst % 2
+        eis.append(torch.stack([src, dst]) + off)
+        off += n
+    ei = torch.cat(eis, dim=1)
+    ei = ei[:, torch.randperm(ei.size(1), generator=g)]
+    return ei, off
+
+
+def inputs(n, heads, dh, dtype, gen, grad=True):
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen).to('cuda', dtype) \
+            .requires_grad_(grad)
+    return rnd(n, heads, dh), rnd(n, heads, dh), rnd(n, heads, dh)
+
+
+def check(cuda, graph, value, query, key, dtype, tag, grad=True):
+    scale = 1.0 / math.sqrt(query.size(-1))
+    poison_allocator()
+    out = cuda.fused_attention_cuda(graph, 'dot', value, query, key, None,
+                                    scale, 0.2, strategy='tc')
+    assert torch.isfinite(out).all(), f'unwritten output: {tag}'
+    leaves = [value, query, key]
+    ref_leaves = [t.detach().double().requires_grad_(grad) for t in leaves]
+    ref, _ = fused_attention_reference(graph, 'dot', *ref_leaves, None,
+                                       scale, 0.2)
+    err = rel_err(out, ref)
+    assert err <= TOL_OUT[dtype], f'out rel err {err:.2e}: {tag}'
+    smmf = cuda.fused_attention_cuda(graph, 'dot', value, query, key, None,
+                                     scale, 0.2, strategy='smmf')
+    err = rel_err(out, smmf.double())
+    assert err <= TOL_OUT[dtype], f'tc vs smmf rel err {err:.2e}: {tag}'
+    if not grad:
+        return
+    g_out = torch.randn_like(out)
+    poison_allocator()
+    grads = torch.autograd.grad(out, leaves, g_out)
+    ref_grads = torch.autograd.grad(ref, ref_leaves, g_out.double())
+    for name, gv, rg in zip(('value', 'query', 'key'), grads, ref_grads):
+        assert torch.isfinite(gv).all(), f'grad_{name} non-finite: {tag}'
+        err = rel_err(gv, rg, floor=1.0)
+        assert err <= TOL_GRAD[dtype], f'grad_{name} rel err {err:.2e}: {tag}'
+
+
+@pytest.mark.parametrize('dh', (16, 32, 64, 128))
+@pytest.mark.parametrize('heads', (1, 3, 4))
+@pytest.mark.parametrize('dtype', DTYPES)
+def test_tc_batches(dtype, heads, dh):
+    cuda = _cuda()
+    rng = random.Random(hash((str(dtype), heads, dh)) % 2**31)
+    for _ in range(3):
+        ei, n = batch_graph(rng)
+        graph = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
+        gen = torch.Generator().manual_seed(rng.randrange(2**31))
+        check(cuda, graph, *inputs(n, heads, dh, dtype, gen), dtype,
+              f'{dtype} H={heads} D={dh} N={n} E={graph.num_edges}')
+
+
+@pytest.mark.parametrize('dtype', DTYPES)
+def test_tc_complete_graphs(dtype):
+    """GPS's global attention: block-diagonal complete graphs (dense
+    windows), with a graph of one node."""
+    cuda = _cuda()
+    sizes = [1, 37, 128, 64, 118]
+    ei = torch.cat([torch.cartesian_prod(torch.arange(s), torch.arange(s)).t()
+                    + sum(sizes[:i]) for i, s in enumerate(sizes)], dim=1)
+    n = sum(sizes)
+    graph = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
+    gen = torch.Generator().manual_seed(0)
+    check(cuda, graph, *inputs(n, 4, 16, dtype, gen), dtype, 'complete')
+
+
+def test_tc_window_of_more_rows_than_a_chunk():
+    """A 600-row window reading 100 sources: counts are built per chunk of
+    kTcMaxRows rows (the window staged again per chunk)."""
+    cuda = _cuda()
+    g = torch.Generator().manual_seed(1)
+    n_src, n_dst, e = 100, 600, 3000
+    ei = torch.stack([torch.randint(0, n_src, (e, ), generator=g),
+                      torch.randint(0, n_dst, (e, ), generator=g)])
+    base = DFGraph.from_edge_index(ei.cuda(), size=(n_src, n_dst))
+    bounds = torch.tensor([0, n_dst], device='cuda')
+    graph = DFGraph(base.rowptr, base.col, n_src,
+                    graph_windows=(bounds, n_src))
+    value, _, key = inputs(n_src, 2, 32, torch.bfloat16, g)
+    query = torch.randn(n_dst, 2, 32, generator=g).to('cuda', torch.bfloat16)
+    check(cuda, graph, value, query.requires_grad_(), key, torch.bfloat16,
+          '600-row window')
+
+
+def test_tc_empty_and_single_node():
+    cuda = _cuda()
+    g = torch.Generator().manual_seed(2)
+    for ei, n in ((torch.tensor([[0], [0]]), 1),
+                  (torch.tensor([[0, 1], [0, 0]]), 3)):  # rows 1, 2 empty
+        graph = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
+        # one window of all rows (a single graph: no cut found)
+        graph = DFGraph(graph.rowptr, graph.col, n, graph_windows=(
+            torch.tensor([0, n], device='cuda'), n))
+        check(cuda, graph, *inputs(n, 3, 16, torch.float16, g),
+              torch.float16, f'N={n}')
+
+
+def test_tc_errors():
+    cuda = _cuda()
+    g = torch.Generator().manual_seed(3)
+    ei, n = batch_graph(random.Random(4))
+    graph = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
+
+    def call(kind='dot', dtype=torch.bfloat16, d=32, f=32, graph=graph):
+        v = torch.randn(graph.num_src, 2, f, generator=g).to('cuda', dtype)
+        q = torch.randn(graph.num_dst, 2, d, generator=g).to('cuda', dtype)
+        k = torch.randn(graph.num_src, 2, d, generator=g).to('cuda', dtype)
+        if kind == 'add':
+            q, k = q[..., 0].contiguous(), k[..., 0].contiguous()
+        return cuda.fused_attention_cuda(graph, kind, v, q, k, None, 1.0,
+                                         0.2, strategy='tc')
+
+    with pytest.raises(RuntimeError, match='tensor-core'):
+        call(dtype=torch.float32)
+    with pytest.raises(RuntimeError, match='tensor-core'):
+        call(kind='add')
+    with pytest.raises(RuntimeError, match='tensor-core'):
+        call(d=24, f=24)
+    with pytest.raises(RuntimeError, match='tensor-core'):
+        call(d=32, f=64)
+    big = torch.randint(0, 300, (2, 3000), generator=g)  # one 300-node graph
+    with pytest.raises(ValueError, match='row windows of at most 128'):
+        call(graph=DFGraph.from_edge_index(big.cuda(), num_nodes=300))
