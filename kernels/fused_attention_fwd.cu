@@ -21,6 +21,7 @@ PYG_DFGNN_DECLARE(float)
 PYG_DFGNN_DECLARE(at::Half)
 PYG_DFGNN_DECLARE(at::BFloat16)
 #undef PYG_DFGNN_DECLARE
+extern template void run_tc<float>(const Launch&);
 extern template void run_tc<at::Half>(const Launch&);
 extern template void run_tc<at::BFloat16>(const Launch&);
 }  // namespace fwd
@@ -204,20 +205,21 @@ fused_attention_fwd_cuda(
                 "row windows of at most ", kTcMaxSrc, " sources each "
                 "(DFGraph.row_windows(", kTcMaxSrc, "))");
     check_cuda(*windows_opt, "windows", dev);
-    TORCH_CHECK(kind == kDot && (dtype == at::kHalf || dtype == at::kBFloat16)
-                    && col.scalar_type() == at::kInt && D == F &&
+    TORCH_CHECK(kind == kDot && col.scalar_type() == at::kInt && D == F &&
                     (D == 16 || D == 32 || D == 64 || D == 128) &&
                     !L.features() && max_in_degree <= kTcMaxDegree,
                 "fused_attention_fwd: tensor-core windows take the 'dot' "
-                "kind in float16 / bfloat16, int32 'col', D = F in {16, 32, "
-                "64, 128}, no edge terms / dropout / attention weights and "
-                "in-degrees <= ", kTcMaxDegree);
+                "kind, int32 'col', D = F in {16, 32, 64, 128}, no edge "
+                "terms / dropout / attention weights and in-degrees <= ",
+                kTcMaxDegree);
     TORCH_CHECK(tc_layout((int)D, value.element_size()).total <=
                     (size_t)device_optin,
                 "fused_attention_fwd: tensor-core window too large for the "
                 "device's shared memory");
     L.windows = *windows_opt;
-    if (dtype == at::kHalf)
+    if (dtype == at::kFloat)
+      run_tc<float>(L);
+    else if (dtype == at::kHalf)
       run_tc<at::Half>(L);
     else
       run_tc<at::BFloat16>(L);

@@ -212,35 +212,30 @@ void run_pmf(const Launch& L) {
   run_alpha<scalar_t>(L, scores);
 }
 
-// Tensor-core windows: 'dot', fp16 / bf16, D = F in {16, 32, 64, 128}, no
-// training features, int32 'col', windows of <= kTcMaxSrc sources, in-degree
-// <= kTcMaxDegree (the host entry checked all of it). A block per window.
+// Tensor-core windows: 'dot', D = F in {16, 32, 64, 128}, no training
+// features, int32 'col', windows of <= kTcMaxSrc sources, in-degree <=
+// kTcMaxDegree (the host entry checked all of it). A block per window.
 template <typename scalar_t>
 void run_tc(const Launch& L) {
-  if constexpr (std::is_same<scalar_t, float>::value) {
-    TORCH_CHECK(false, "fused_attention_fwd: tensor-core windows take "
-                "float16 / bfloat16 inputs");
-  } else {
-    const int64_t blocks = L.windows.numel() - 1;
-    if (blocks <= 0) return;
-    const auto a = make_args<scalar_t, int32_t, true>(L);
-    cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-    auto go = [&](auto kernel, int DH) {
-      const size_t bytes = tc_layout(DH, sizeof(scalar_t)).total;
-      allow_smem(kernel, bytes);
-      kernel<<<(unsigned)blocks, kTcThreads, bytes, stream>>>(
-          a, L.windows.data_ptr<int64_t>());
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    };
-    switch (L.D) {
-      case 16: go(tc_fwd_kernel<scalar_t, 16>, 16); break;
-      case 32: go(tc_fwd_kernel<scalar_t, 32>, 32); break;
-      case 64: go(tc_fwd_kernel<scalar_t, 64>, 64); break;
-      case 128: go(tc_fwd_kernel<scalar_t, 128>, 128); break;
-      default:
-        TORCH_CHECK(false, "fused_attention_fwd: tensor-core windows take "
-                    "D = F in {16, 32, 64, 128} (got ", L.D, ")");
-    }
+  const int64_t blocks = L.windows.numel() - 1;
+  if (blocks <= 0) return;
+  const auto a = make_args<scalar_t, int32_t, true>(L);
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  auto go = [&](auto kernel, int DH) {
+    const size_t bytes = tc_layout(DH, sizeof(scalar_t)).total;
+    allow_smem(kernel, bytes);
+    kernel<<<(unsigned)blocks, kTcThreads, bytes, stream>>>(
+        a, L.windows.data_ptr<int64_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  switch (L.D) {
+    case 16: go(tc_fwd_kernel<scalar_t, 16>, 16); break;
+    case 32: go(tc_fwd_kernel<scalar_t, 32>, 32); break;
+    case 64: go(tc_fwd_kernel<scalar_t, 64>, 64); break;
+    case 128: go(tc_fwd_kernel<scalar_t, 128>, 128); break;
+    default:
+      TORCH_CHECK(false, "fused_attention_fwd: tensor-core windows take "
+                  "D = F in {16, 32, 64, 128} (got ", L.D, ")");
   }
 }
 

@@ -8,8 +8,9 @@ backward gets the variant's row windows and, but for `smmf-plain`, the
 graph's column windows, so both of its passes stage like the forward) and
 the user-facing op's fwd+bwd through autograd; 'dot' kind, Q pre-scaled,
 H x F = 1x128 and 4x32. Variants: SMMF with graph-aligned staged windows
-(`smmf`), SMMF without (`smmf-plain`), PMF, and for fp16 / bf16 the
-tensor-core windows (`tc`) where the graph has windows of <= 128 sources. Prints one row per (graph,
+(`smmf`), SMMF without (`smmf-plain`), PMF, and the tensor-core windows
+(`tc`; fp32 through 3xTF32) where the graph has windows of <= 128
+sources. Prints one row per (graph,
 shape, variant) with the DF-GNN anchor of shared/anchors.md. Feeds
 benchmarks/NOTES.md.
 """
@@ -79,7 +80,7 @@ def main(argv=None):
                         ('pmf', 1, None, 0)]
             if auto != 'smmf':
                 variants = variants[2:]
-            if dtype != torch.float32 and f in (16, 32, 64, 128) and \
+            if f in (16, 32, 64, 128) and \
                     graph.max_in_degree <= 255:  # tensor-core windows
                 tc_win, tc_span = graph.row_windows(cuda.TC_MAX_SOURCES)
                 if tc_win is not None:

@@ -255,8 +255,9 @@ def fused_attention_cuda(graph, kind: str, value: Tensor, query: Tensor,
     """Fused attention on CUDA tensors (inputs already validated by
     :func:`pyg_dfgnn.ops.check_inputs`). ``strategy`` overrides the SMMF /
     PMF rule (``'smmf'`` or ``'pmf'``; tests use it) or asks for the
-    tensor-core windows of the forward (``'tc'``: 'dot', float16 / bfloat16,
-    D = F in {16, 32, 64, 128}, no training features; an error otherwise).
+    tensor-core windows of the forward (``'tc'``: 'dot', D = F in {16, 32,
+    64, 128}, no training features, fp32 through 3xTF32; an error
+    otherwise).
 
     ``dropout`` is the active drop probability (0 outside training);
     ``attention`` (``'before_dropout'`` / ``'after_dropout'``) also returns
