@@ -12,6 +12,7 @@
 
 #include "bwd_common.cuh"
 #include "bwd_kernel.cuh"
+#include "bwd_tc_kernel.cuh"
 #include "dispatch.cuh"
 
 namespace pyg_dfgnn {
@@ -34,6 +35,7 @@ struct Args {
 };
 
 template <typename T> void run_bwd(Args& a);
+template <typename T> void run_tc_bwd(Args& a);
 
 namespace detail {
 
@@ -247,6 +249,53 @@ template <typename T> void run_bwd(Args& A) {
       });
     });
   });
+}
+
+// Tensor-core windows (the host entry checked the conditions): a block per
+// window; grad_key / grad_value zeroed first (sources in no window).
+template <typename T> void run_tc_bwd(Args& A) {
+  const int64_t blocks = A.windows.numel() - 1;
+  A.grad_key.zero_();
+  A.grad_value.zero_();
+  if (blocks <= 0) return;
+  TcBwdArgs<T> a;
+  a.rowptr = A.rowptr.data_ptr<int64_t>();
+  a.col = A.col.data_ptr<int32_t>();
+  a.q = A.query.data_ptr<T>();
+  a.k = A.key.data_ptr<T>();
+  a.v = A.value.data_ptr<T>();
+  a.dout = A.grad_out.data_ptr<T>();
+  a.lse = A.lse.data_ptr<float>();
+  a.dq = A.grad_query.data_ptr<T>();
+  a.dk = A.grad_key.data_ptr<T>();
+  a.dv = A.grad_value.data_ptr<T>();
+  a.H = (int)A.value.size(1);
+  a.scale = (float)A.scale;
+  const int DH = (int)A.value.size(2);
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  auto go = [&](auto kernel) {
+    const size_t bytes = tc_bwd_layout(DH, sizeof(T)).total;
+    if (bytes > 48 * 1024)
+      C10_CUDA_CHECK(cudaFuncSetAttribute(
+          kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    kernel<<<(unsigned)blocks, kTcThreads, bytes, stream>>>(
+        a, A.windows.data_ptr<int64_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  switch (DH) {
+    case 16: go(tc_bwd_kernel<T, 16>); break;
+    case 32: go(tc_bwd_kernel<T, 32>); break;
+    case 64: go(tc_bwd_kernel<T, 64>); break;
+    case 128:
+      if constexpr (!std::is_same<T, float>::value) {
+        go(tc_bwd_kernel<T, 128>);
+        break;
+      }
+      [[fallthrough]];
+    default:
+      TORCH_CHECK(false, "fused_attention_bwd: tensor-core windows take D = "
+                  "F in {16, 32, 64, 128} (fp32: <= 64), got ", DH);
+  }
 }
 
 }  // namespace bwd

@@ -12,6 +12,9 @@ namespace bwd {
 extern template void run_bwd<float>(Args&);
 extern template void run_bwd<at::Half>(Args&);
 extern template void run_bwd<at::BFloat16>(Args&);
+extern template void run_tc_bwd<float>(Args&);
+extern template void run_tc_bwd<at::Half>(Args&);
+extern template void run_tc_bwd<at::BFloat16>(Args&);
 }  // namespace bwd
 }  // namespace pyg_dfgnn
 
@@ -51,7 +54,7 @@ fused_attention_bwd_cuda(
     const c10::optional<at::Tensor>& edge_value, double dropout,
     const c10::optional<at::Tensor>& rng_state,
     const c10::optional<at::Tensor>& grad_alpha, int64_t attention,
-    const c10::optional<at::Tensor>& attention_perm) {
+    const c10::optional<at::Tensor>& attention_perm, int64_t strategy) {
   using pyg_dfgnn::bwd::Args;
   TORCH_CHECK(kind >= 0 && kind <= 2, "fused_attention_bwd: unknown kind ",
               kind);
@@ -245,6 +248,27 @@ fused_attention_bwd_cuda(
   a.grad_edge_key = grad_of(ek);
   a.grad_edge_value = a.ekv_shared ? at::empty({0}, value.options())
                                    : grad_of(ev);
+  if (strategy == 2) {  // tensor-core windows (conditions: ops.h)
+    const int64_t DH = value.size(2);
+    TORCH_CHECK(kind == kDot && !es.defined() && !ek.defined() &&
+                    !ev.defined() && !galpha.defined() && dropout == 0.0 &&
+                    it == at::kInt && a.windows.defined() &&
+                    query.size(-1) == DH &&
+                    (DH == 16 || DH == 32 || DH == 64 ||
+                     (DH == 128 && dt != at::kFloat)),
+                "fused_attention_bwd: tensor-core windows take the 'dot' "
+                "kind, int32 indices, row windows, D = F in {16, 32, 64, "
+                "128} (fp32: <= 64) and no training features");
+    switch (dt) {
+      case at::kFloat: pyg_dfgnn::bwd::run_tc_bwd<float>(a); break;
+      case at::kHalf: pyg_dfgnn::bwd::run_tc_bwd<at::Half>(a); break;
+      default: pyg_dfgnn::bwd::run_tc_bwd<at::BFloat16>(a); break;
+    }
+    a.grad_att.zero_();
+    return {a.grad_query,      a.grad_key,      a.grad_value,
+            a.grad_att,        a.grad_edge_score, a.grad_edge_key,
+            a.grad_edge_value};
+  }
   switch (dt) {
     case at::kFloat: pyg_dfgnn::bwd::run_bwd<float>(a); break;
     case at::kHalf: pyg_dfgnn::bwd::run_bwd<at::Half>(a); break;

@@ -5,5 +5,6 @@
 namespace pyg_dfgnn {
 namespace bwd {
 template void run_bwd<at::Half>(Args&);
+template void run_tc_bwd<at::Half>(Args&);
 }  // namespace bwd
 }  // namespace pyg_dfgnn

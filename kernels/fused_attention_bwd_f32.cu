@@ -5,5 +5,6 @@
 namespace pyg_dfgnn {
 namespace bwd {
 template void run_bwd<float>(Args&);
+template void run_tc_bwd<float>(Args&);
 }  // namespace bwd
 }  // namespace pyg_dfgnn

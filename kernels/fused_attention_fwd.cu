@@ -197,7 +197,7 @@ fused_attention_fwd_cuda(
            attention == 2, drop,
            kind, n_dst, n_edges, max_in_degree, H, D, F,
            qk_group, v_group, device_optin, 0, vec, scale, negative_slope};
-  if (strategy == 2) {  // tensor-core windows, asked for explicitly
+  if (strategy == 2 || strategy == 3) {  // tensor-core windows (asked for)
     TORCH_CHECK(windows_opt.has_value() && windows_opt->defined() &&
                     windows_opt->scalar_type() == at::kLong &&
                     windows_opt->dim() == 1 && windows_opt->numel() >= 2,

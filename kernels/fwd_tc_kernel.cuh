@@ -15,15 +15,14 @@
 //                              order that makes them so; fp16 / bf16: P
 //                              rounded to the input type)
 // lse = max + log(sum + 1e-16) (-inf for an empty row) and O follow SMMF's
-// conventions, so the backward (rows / cols passes) is unchanged.
+// conventions, so either backward (the rows / cols passes, or the TC
+// windows of bwd_tc_kernel.cuh) takes it.
 // A whole row of scores lives in registers (16 accumulator tiles of 8
 // sources): no online softmax, one pass over K and V.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include "fwd_common.cuh"
+#include "mma_tiles.cuh"
 #include "row_tiles.cuh"
 
 namespace pyg_dfgnn {
@@ -35,88 +34,6 @@ constexpr int kTcWarps = 8;        // 16 rows each per step
 constexpr int kTcThreads = kTcWarps * kWarpSize;
 constexpr int kTcSrcTiles = kTcMaxSrc / 8;  // n-tiles of S
 constexpr int kTcMaxDegree = 255;  // multiplicities fit a byte
-
-// Two fp32 values as one register of two fp16 / bf16 (the lower index in
-// the low half, as mma fragments hold them).
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi);
-template <>
-__device__ __forceinline__ uint32_t pack2<at::Half>(float lo, float hi) {
-  __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-template <>
-__device__ __forceinline__ uint32_t pack2<at::BFloat16>(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
-// d += a * b, one m16n8k16 tile (A row-major 16x16, B "col" 16x8).
-template <typename T>
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
-                                          uint32_t b0, uint32_t b1);
-template <>
-__device__ __forceinline__ void mma_16816<at::Half>(float (&d)[4],
-                                                    const uint32_t (&a)[4],
-                                                    uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-template <>
-__device__ __forceinline__ void mma_16816<at::BFloat16>(
-    float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// fp32 as tf32 (round to nearest; the low 13 mantissa bits cleared).
-__device__ __forceinline__ uint32_t to_tf32(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-  return r;
-}
-// x = hi + lo, both tf32.
-__device__ __forceinline__ void split_tf32(float x, uint32_t& hi,
-                                           uint32_t& lo) {
-  hi = to_tf32(x);
-  lo = to_tf32(x - __uint_as_float(hi));
-}
-__device__ __forceinline__ void mma_1688_tf32(float (&d)[4],
-                                              const uint32_t (&a)[4],
-                                              uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-// d += a * b to about fp32 accuracy (3xTF32: lo * hi, hi * lo, hi * hi;
-// the lo * lo term is below fp32's rounding). a: split A fragment.
-__device__ __forceinline__ void mma_3xtf32(float (&d)[4],
-                                           const uint32_t (&a_hi)[4],
-                                           const uint32_t (&a_lo)[4],
-                                           float b0, float b1) {
-  uint32_t b0h, b0l, b1h, b1l;
-  split_tf32(b0, b0h, b0l);
-  split_tf32(b1, b1h, b1l);
-  mma_1688_tf32(d, a_lo, b0h, b1h);
-  mma_1688_tf32(d, a_hi, b0l, b1l);
-  mma_1688_tf32(d, a_hi, b0h, b1h);
-}
-
-// fp32 path: staged row p of an 8-source tile holds source sigma(p), so
-// that S's accumulator columns (2 q, 2 q + 1) of a quad lane q are the
-// sources (q, q + 4) -- exactly the k-slots of its A fragment of P in
-// mma.m16n8k8.
-__host__ __device__ inline int tc_tf32_staged_row(int j) {
-  return (j & ~7) | ((j & 3) << 1) | ((j >> 2) & 1);
-}
 
 // Shared memory of a TC block (byte offsets, 16-byte aligned): K rows of
 // the head [kTcMaxSrc][DH + pad] T | V columns of the head [DH][kTcMaxSrc +
@@ -140,11 +57,11 @@ template <typename T, int DH>
 __global__ void __launch_bounds__(kTcThreads, 1)
     tc_fwd_kernel(FwdArgs<T, int32_t> a, const int64_t* __restrict__ windows) {
   static_assert(DH % 16 == 0 && DH <= 128, "DH: 16, 32, 64 or 128");
-  constexpr bool kTf32 = std::is_same<T, float>::value;
-  constexpr int kK = kTf32 ? 8 : 16;       // k of one mma
+  using M = MmaTile<T>;
+  constexpr bool kTf32 = M::kTf32;
+  constexpr int kK = M::kK;
   constexpr int kPad = (int)(16 / sizeof(T));
   constexpr int KS = DH + kPad, VS = kTcMaxSrc + kPad;  // (tc_layout's)
-  constexpr int kSteps = DH / kK;          // k-steps of Q K^T
   constexpr int kOutTiles = DH / 8;        // n-tiles of O
   extern __shared__ __align__(16) unsigned char smem[];
   const TcLayout L = tc_layout(DH, sizeof(T));
@@ -163,13 +80,8 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   const int n_src = block_index_span(a.col, a.rowptr[w_begin],
                                      a.rowptr[w_end], s_lo, src_lo);
   if (n_src > kTcMaxSrc) __trap();  // the host dispatch rules this out
-  // Source tiles in use: S's n-tiles of 8 (P V's k-tiles: pairs of them
-  // for fp16 / bf16, single for fp32); staged with zeros up to 16.
+  // Source 8-tiles in use; staged with zeros up to 16 sources.
   const int n_tiles8 = (n_src + 7) / 8, n_pad = (n_src + 15) / 16 * 16;
-  // Source of S's accumulator element i (0..3) in an 8-tile.
-  auto source_of = [&](int t, int i) -> int {
-    return t * 8 + (kTf32 ? q4 + 4 * (i & 1) : q4 * 2 + (i & 1));
-  };
 
   for (int64_t c_begin = w_begin; c_begin < w_end; c_begin += kTcMaxRows) {
     const int n_rows =
@@ -190,8 +102,9 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     }
 
     for (int h = 0; h < H; ++h) {
-      // ---- stage K rows and V columns of head h (zeros past n_src, so
-      // that masked products stay 0, not NaN)
+      // ---- stage K rows (NK rows of S; fp32: permuted within 8-tiles) and
+      // V columns (NK rows of P V) of head h, zeros past n_src (masked
+      // products stay 0, not NaN)
       __syncthreads();  // counts written; the previous head is done
       for (int i = tid; i < n_pad * DH; i += kTcThreads) {
         const int j = i / DH, d = i - (i / DH) * DH;
@@ -201,7 +114,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
           kv = a.k[at];
           vv = a.v[at];
         }
-        s_k[(kTf32 ? tc_tf32_staged_row(j) : j) * KS + d] = kv;
+        s_k[(kTf32 ? tc_staged_row(j) : j) * KS + d] = kv;
         s_vt[d * VS + j] = vv;
       }
       __syncthreads();
@@ -209,43 +122,19 @@ __global__ void __launch_bounds__(kTcThreads, 1)
       for (int r0 = warp * 16; r0 < n_rows; r0 += kTcWarps * 16) {
         const int64_t row_a = c_begin + r0 + g, row_b = row_a + 8;
         const bool ok_a = r0 + g < n_rows, ok_b = r0 + g + 8 < n_rows;
-        const T* qa = a.q + row_a * HD + h * DH;
-        const T* qb = a.q + row_b * HD + h * DH;
+        const T* qa = ok_a ? a.q + row_a * HD + h * DH : nullptr;
+        const T* qb = ok_b ? a.q + row_b * HD + h * DH : nullptr;
         // ---- S = Q K^T over the used source tiles
         float s[kTcSrcTiles][4];
 #pragma unroll
         for (int t = 0; t < kTcSrcTiles; ++t)
           s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
 #pragma unroll
-        for (int ks = 0; ks < kSteps; ++ks) {
-          if constexpr (kTf32) {  // A: rows (g, g + 8) x k (q4, q4 + 4)
-            const int d = ks * 8 + q4;
-            uint32_t hi[4], lo[4];
-            split_tf32(ok_a ? to_float(qa[d]) : 0.f, hi[0], lo[0]);
-            split_tf32(ok_b ? to_float(qb[d]) : 0.f, hi[1], lo[1]);
-            split_tf32(ok_a ? to_float(qa[d + 4]) : 0.f, hi[2], lo[2]);
-            split_tf32(ok_b ? to_float(qb[d + 4]) : 0.f, hi[3], lo[3]);
+        for (int k0 = 0; k0 < DH; k0 += kK) {
+          const typename M::A fq = M::load_a(qa, qb, k0, q4);
 #pragma unroll
-            for (int t = 0; t < kTcSrcTiles; ++t)
-              if (t < n_tiles8) {
-                const T* kr = s_k + (t * 8 + g) * KS + d;
-                mma_3xtf32(s[t], hi, lo, to_float(kr[0]), to_float(kr[4]));
-              }
-          } else {  // A: rows (g, g + 8) x k pairs (2 q4, + 8)
-            const int d = ks * 16 + q4 * 2;
-            uint32_t qf[4];
-            qf[0] = ok_a ? *reinterpret_cast<const uint32_t*>(qa + d) : 0u;
-            qf[1] = ok_b ? *reinterpret_cast<const uint32_t*>(qb + d) : 0u;
-            qf[2] = ok_a ? *reinterpret_cast<const uint32_t*>(qa + d + 8) : 0u;
-            qf[3] = ok_b ? *reinterpret_cast<const uint32_t*>(qb + d + 8) : 0u;
-#pragma unroll
-            for (int t = 0; t < kTcSrcTiles; ++t)
-              if (t < n_tiles8) {
-                const T* kr = s_k + (t * 8 + g) * KS + d;
-                mma_16816<T>(s[t], qf, *reinterpret_cast<const uint32_t*>(kr),
-                             *reinterpret_cast<const uint32_t*>(kr + 8));
-              }
-          }
+          for (int t = 0; t < kTcSrcTiles; ++t)
+            if (t < n_tiles8) M::mma(s[t], fq, s_k + (t * 8 + g) * KS, k0, q4);
         }
         // ---- mask, row max (rows g and g + 8: a quad holds a row)
         const unsigned char* ca = s_cnt + (r0 + g) * kTcMaxSrc;
@@ -256,7 +145,8 @@ __global__ void __launch_bounds__(kTcThreads, 1)
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
             const bool ok = t < n_tiles8 && (i < 2 ? ok_a : ok_b);
-            const unsigned cnt = ok ? (i < 2 ? ca : cb)[source_of(t, i)] : 0u;
+            const unsigned cnt =
+                ok ? (i < 2 ? ca : cb)[t * 8 + M::column(q4, i)] : 0u;
             s[t][i] = cnt > 0 ? s[t][i] * a.scale : -INFINITY;
           }
           m_a = fmaxf(m_a, fmaxf(s[t][0], s[t][1]));
@@ -275,7 +165,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
           for (int i = 0; i < 4; ++i) {
             float p = 0.f;
             if (s[t][i] != -INFINITY)
-              p = (float)(i < 2 ? ca : cb)[source_of(t, i)] *
+              p = (float)(i < 2 ? ca : cb)[t * 8 + M::column(q4, i)] *
                   expf(s[t][i] - (i < 2 ? m_a : m_b));
             s[t][i] = p;
           }
@@ -292,40 +182,14 @@ __global__ void __launch_bounds__(kTcThreads, 1)
 #pragma unroll
         for (int nt = 0; nt < kOutTiles; ++nt)
           o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
-        if constexpr (kTf32) {  // k-tiles of 8 sources: k = (q4, q4 + 4)
 #pragma unroll
-          for (int t = 0; t < kTcSrcTiles; ++t) {
-            if (t < n_tiles8) {
-              uint32_t hi[4], lo[4];
-              split_tf32(s[t][0], hi[0], lo[0]);  // (g, q4)
-              split_tf32(s[t][2], hi[1], lo[1]);  // (g + 8, q4)
-              split_tf32(s[t][1], hi[2], lo[2]);  // (g, q4 + 4)
-              split_tf32(s[t][3], hi[3], lo[3]);  // (g + 8, q4 + 4)
+        for (int t = 0; t < kTcSrcTiles; t += kK / 8)
+          if (t < n_tiles8) {
+            const typename M::A fp = M::acc_to_a(s[t], s[kTf32 ? t : t + 1]);
 #pragma unroll
-              for (int nt = 0; nt < kOutTiles; ++nt) {
-                const T* vr = s_vt + (nt * 8 + g) * VS + t * 8 + q4;
-                mma_3xtf32(o[nt], hi, lo, to_float(vr[0]), to_float(vr[4]));
-              }
-            }
+            for (int nt = 0; nt < kOutTiles; ++nt)
+              M::mma(o[nt], fp, s_vt + (nt * 8 + g) * VS, t * 8, q4);
           }
-        } else {  // k-tiles of 16 sources: S tiles 2 kt, 2 kt + 1
-#pragma unroll
-          for (int kt = 0; kt < kTcSrcTiles / 2; ++kt) {
-            if (2 * kt < n_tiles8) {
-              uint32_t pf[4];
-              pf[0] = pack2<T>(s[2 * kt][0], s[2 * kt][1]);
-              pf[1] = pack2<T>(s[2 * kt][2], s[2 * kt][3]);
-              pf[2] = pack2<T>(s[2 * kt + 1][0], s[2 * kt + 1][1]);
-              pf[3] = pack2<T>(s[2 * kt + 1][2], s[2 * kt + 1][3]);
-#pragma unroll
-              for (int nt = 0; nt < kOutTiles; ++nt) {
-                const T* vr = s_vt + (nt * 8 + g) * VS + kt * 16 + q4 * 2;
-                mma_16816<T>(o[nt], pf, *reinterpret_cast<const uint32_t*>(vr),
-                             *reinterpret_cast<const uint32_t*>(vr + 8));
-              }
-            }
-          }
-        }
         // ---- out = O / l (features nt * 8 + 2 q4, + 1), lse
         const float inv_a = 1.f / (l_a + 1e-16f), inv_b = 1.f / (l_b + 1e-16f);
 #pragma unroll

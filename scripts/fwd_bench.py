@@ -83,8 +83,10 @@ def main(argv=None):
             if f in (16, 32, 64, 128) and \
                     graph.max_in_degree <= 255:  # tensor-core windows
                 tc_win, tc_span = graph.row_windows(cuda.TC_MAX_SOURCES)
-                if tc_win is not None:
-                    variants.append(('tc', 2, tc_win, tc_span))
+                if tc_win is not None:  # (2: the backward's TC too)
+                    sid = 2 if cuda._tc_backward_ok(graph, tc_win, 'dot', q,
+                                                    v) else 3
+                    variants.append(('tc', sid, tc_win, tc_span))
             for strat, sid, win, stage in variants:
                 cwin, cstage = (None, 0) if strat == 'smmf-plain' else (
                     col_windows, col_span)
@@ -103,7 +105,7 @@ def main(argv=None):
                         go, graph.rowptr, graph.col, colptr, csc_row,
                         csc_perm, 0, q, k, v, None, lse, 1.0, 0.2, win, stage,
                         cwin, cstage, graph.max_in_degree,
-                        graph.max_out_degree)
+                        graph.max_out_degree, strategy=sid)
 
                 t_ops = timer(ops_fwd_bwd)
                 t_fb = float('nan')

@@ -168,3 +168,26 @@ def test_tc_errors():
     big = torch.randint(0, 300, (2, 3000), generator=g)  # one 300-node graph
     with pytest.raises(ValueError, match='row windows of at most 128'):
         call(graph=DFGraph.from_edge_index(big.cuda(), num_nodes=300))
+
+
+@pytest.mark.parametrize('dh', (16, 64, 128))
+@pytest.mark.parametrize('dtype', DTYPES)
+def test_tc_backward_windows(dtype, dh):
+    """Windows of <= 128 rows with their own sources: the backward takes
+    the tensor-core windows too (strategy 2), fp32 up to D = 64; above, the
+    rows / cols passes after the TC forward (strategy 3)."""
+    cuda = _cuda()
+    g = torch.Generator().manual_seed(dh)
+    sizes, eis, off = [100, 100, 90, 1, 100, 128], [], 0
+    for n in sizes:  # multi-edges, self-loops, isolated nodes
+        e = 5 * n
+        src = torch.randint(0, n, (e, ), generator=g)
+        dst = torch.randint(0, n, (e, ), generator=g)
+        eis.append(torch.stack([src, dst - dst % 3 if n > 90 else dst]) + off)
+        off += n
+    graph = DFGraph.from_edge_index(torch.cat(eis, 1).cuda(), num_nodes=off)
+    q, k, v = inputs(off, 2, dh, dtype, g)
+    plan = cuda._plan(graph, 'dot', q, v, 'tc', backward=True)
+    tc_bwd = dh <= 64 or dtype != torch.float32
+    assert plan[0] == (2 if tc_bwd else 3)
+    check(cuda, graph, v, q, k, dtype, f'{dtype} D={dh} sid={plan[0]}')

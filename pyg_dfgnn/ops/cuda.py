@@ -64,7 +64,8 @@ def _bwd_fake(grad_out, rowptr, col, colptr, csc_row, csc_perm, kind, query,
               stage_nodes=0, col_windows=None, col_stage_nodes=0,
               max_in_degree=-1, max_out_degree=-1, edge_score=None,
               edge_key=None, edge_value=None, dropout=0.0, rng_state=None,
-              grad_alpha=None, attention=0, attention_perm=None):
+              grad_alpha=None, attention=0, attention_perm=None,
+              strategy=0):
     def grad_of(t):
         return torch.empty_like(t) if t is not None else \
             value.new_empty((0, ))
@@ -173,6 +174,34 @@ def _col_stage_capacity(kind: str, query: Tensor, value: Tensor) -> int:
     return max(0, (_smem_optin(value) - scratch) // per_node)
 
 
+def _tc_backward_ok(graph, windows: Tensor, kind: str, query: Tensor,
+                    value: Tensor) -> bool:
+    """Whether the backward can take the tensor-core windows too
+    (kernels/bwd_tc_kernel.cuh): every window of at most TC_MAX_SOURCES
+    rows, no source shared by two windows (a block owns its sources' dK,
+    dV), D = F <= 128 (fp32: <= 64). One host sync, cached with the plan."""
+    dh = value.shape[2]
+    if kind != 'dot' or query.shape[-1] != dh or dh not in (16, 32, 64, 128) \
+            or (dh == 128 and value.dtype == torch.float32):
+        return False
+    if int(windows.diff().max()) > TC_MAX_SOURCES:
+        return False
+    if graph.num_edges == 0:
+        return True
+    w = torch.searchsorted(windows[1:], graph.row, right=True)
+    n = windows.numel() - 1
+    col = graph.col.to(torch.int64)
+    lo = torch.full((n, ), graph.num_src, dtype=torch.int64,
+                    device=col.device).scatter_reduce_(0, w, col, 'amin')
+    hi = torch.full((n, ), -1, dtype=torch.int64,
+                    device=col.device).scatter_reduce_(0, w, col, 'amax')
+    used = hi >= 0
+    lo, hi = lo[used], hi[used]
+    order = lo.argsort()
+    lo, hi = lo[order], hi[order]
+    return bool((hi[:-1] < lo[1:]).all())
+
+
 _PLANS_ATTR = '_dfgnn_cuda_plans'
 Plan = Tuple[int, int, Optional[Tensor], int, Optional[Tensor], int, int]
 
@@ -201,7 +230,7 @@ def _plan(graph, kind: str, query: Tensor, value: Tensor,
     if strategy not in ('smmf', 'pmf', TC):
         raise ValueError(f"'strategy' must be 'smmf', 'pmf' or '{TC}' "
                          f"(got '{strategy}')")
-    sid = {SMMF: 0, 'pmf': 1, TC: 2}[strategy]
+    sid = {SMMF: 0, 'pmf': 1, TC: 3}[strategy]
     if torch.compiler.is_compiling():
         # Building windows syncs with the host (a graph break): a graph first
         # seen while tracing runs fixed windows in both passes (not cached,
@@ -217,6 +246,8 @@ def _plan(graph, kind: str, query: Tensor, value: Tensor,
                 f"strategy '{TC}' needs row windows of at most "
                 f"{TC_MAX_SOURCES} source nodes each (a batch of small "
                 f"graphs); this graph has none")
+        if backward and _tc_backward_ok(graph, windows, kind, query, value):
+            sid = 2  # the backward's tensor-core windows too
     elif strategy == SMMF:
         windows, stage_nodes = graph.row_windows(
             _stage_capacity(kind, query, value))
