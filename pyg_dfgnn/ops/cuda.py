@@ -202,7 +202,29 @@ def _tc_backward_ok(graph, windows: Tensor, kind: str, query: Tensor,
     return bool((hi[:-1] < lo[1:]).all())
 
 
+def _tc_single_window(graph) -> Tuple[Optional[Tensor], int]:
+    """One window of all rows when the whole graph reads at most
+    TC_MAX_SOURCES sources (``(None, 0)`` otherwise). owner_windows finds
+    no windows in a batch of one graph (no cut), of one node or without
+    edges, although the TC kernels take any row count (chunks of 256 rows
+    in the forward; the backward's TC path wants <= 128 rows and says so
+    in _tc_backward_ok): without this, strategy 'tc' raised for those
+    batches (test_tc_batches draws them). One host sync, cached."""
+    key = ('tc-single', TC_MAX_SOURCES)
+    cache = graph._windows
+    if key not in cache:
+        span = 0
+        if graph.num_edges > 0:
+            col = graph.col
+            span = int(col.max()) - int(col.min()) + 1
+        cache[key] = (None, 0) if span > TC_MAX_SOURCES else (
+            torch.tensor([0, graph.num_dst], dtype=torch.int64,
+                         device=graph.rowptr.device), span)
+    return cache[key]
+
+
 _PLANS_ATTR = '_dfgnn_cuda_plans'
+
 Plan = Tuple[int, int, Optional[Tensor], int, Optional[Tensor], int, int]
 
 
@@ -241,6 +263,8 @@ def _plan(graph, kind: str, query: Tensor, value: Tensor,
         # (the kernel checks kind, dtype and sizes; the windows are the
         # graph's to give)
         windows, stage_nodes = graph.row_windows(TC_MAX_SOURCES)
+        if windows is None:
+            windows, stage_nodes = _tc_single_window(graph)
         if windows is None:
             raise ValueError(
                 f"strategy '{TC}' needs row windows of at most "
