@@ -242,20 +242,26 @@ def _sync(device: torch.device) -> None:
 
 def train_step(model, optimizer, batch, cfg: Config,
                stats: EpochStats) -> None:
-    """Forward, loss, backward, clipping, optimizer step and the metric
-    update of one batch: no host sync (and capturable) when the batch
-    brings its format (device loader)."""
+    """Forward, loss, metric update, backward, clipping and optimizer step
+    of one batch: no host sync (and capturable) when the batch brings its
+    format (device loader).
+
+    The order suits ``torch.compile``, which splits the step where dynamo
+    does not trace (``zero_grad``, ``backward``, the entry of
+    ``optimizer.step``): gradients cleared first and the metrics (of the
+    detached predictions) updated before the backward, so that forward,
+    loss and metrics make one compiled graph."""
+    optimizer.zero_grad(set_to_none=True)
     mask = getattr(batch, 'node_mask', None)
     pred = model(batch)
     loss = compute_loss(cfg.model.loss_fun, pred, batch.y, mask)
-    optimizer.zero_grad(set_to_none=True)
+    stats.update(pred, batch.y, loss, _graph_weight(batch), mask)
     loss.backward()
     distributed.all_reduce_gradients(model)  # no-op in one process
     if cfg.optim.clip_grad_norm:
         torch.nn.utils.clip_grad_norm_(model.parameters(),
                                        cfg.optim.clip_grad_norm_value)
     optimizer.step()
-    stats.update(pred, batch.y, loss, _graph_weight(batch), mask)
 
 
 def eval_step(model, batch, cfg: Config, stats: EpochStats) -> None:
