@@ -80,6 +80,7 @@ def test_compile_optimizer_takes_a_tensor_learning_rate():
     lr = opt.param_groups[0]['lr']
     assert isinstance(lr, torch.Tensor) and not opt.param_groups[0]['foreach']
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda e: 0.5)
+    opt.step()
     sched.step()
     assert opt.param_groups[0]['lr'] is lr and float(lr) == pytest.approx(
         0.5 * cfg.optim.base_lr)
