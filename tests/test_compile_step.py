@@ -103,13 +103,17 @@ def _setup(tmp_path, *extra):
 
 @pytest.mark.skipif(shutil.which('c++') is None and shutil.which('g++') is
                     None, reason='inductor builds its CPU kernels with C++')
-def test_compiled_step_matches_eager(tmp_path):
+def test_compiled_step_matches_eager(tmp_path, monkeypatch):
     """Inductor on the CPU: two epochs of padded batches (the first step
     eager, then compiled; demo.yaml's GPS model: fused DFGAT and global
     attention through the reference path, masked batch norms, RWSE), the
     learning rate changed between them; the same steps eagerly on a copy
     of the model."""
-    # One GPS layer, one head layer: inductor's C++ builds take ~40 s.
+    # One GPS layer, one head layer: inductor's C++ builds take ~40 s; in
+    # this process (no compile worker pool: its workers' exit wrote
+    # BrokenPipe noise into the test log).
+    import torch._inductor.config as inductor_config
+    monkeypatch.setattr(inductor_config, 'compile_threads', 1)
     cfg, bundle, model, loader = _setup(tmp_path, 'gt.layers=1',
                                         'gnn.layers_post_mp=1')
     twin = copy.deepcopy(model)
