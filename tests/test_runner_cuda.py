@@ -59,17 +59,47 @@ def test_training_step_has_no_host_sync(tmp_path, config, backend, pad):
     assert stats.result()['graphs'] == 24
 
 
+# No random draws (dropout, LapPE's sign flips): replays and compiled code
+# draw other numbers (Philox offsets, kernels) than eager steps.
+def no_random_draws(backend, *extra):
+    return (f'backend={backend}', 'gt.attn_dropout=0.0', 'gt.dropout=0.0',
+            'posenc_LapPE.enable=false',
+            'dataset.node_encoder_name=LinearNode+RWSE', *extra)
+
+
+def assert_same_training(model, twin, stats, stats2):
+    """Weights and epoch sums of a captured / compiled run against the
+    eager twin's. Adam's first updates are ~lr * sign(grad): rounding-level
+    gradient differences (atomics in scatter ops) move a weight by up to
+    2 lr per step (seen on an H100: 1.8e-3 after 12 steps at lr 1e-3)."""
+    for (name, a), b in zip(model.state_dict().items(),
+                            twin.state_dict().values()):
+        assert torch.allclose(a.float(), b.float(), atol=1e-2,
+                              rtol=1e-3), name
+    ra, rb = stats.result(), stats2.result()
+    assert ra['loss'] == pytest.approx(rb['loss'], rel=1e-3)
+    assert ra['graphs'] == rb['graphs']
+
+
+def assert_run_trains(tmp_path, capture):
+    cfg = load_config(osp.join(CONFIGS, 'pattern-gps.yaml'), [
+        f'dataset.dir={tmp_path}/d', f'out_dir={tmp_path}/r',
+        'dataset.size=64', 'gt.layers=2', 'train.batch_size=8',
+        'optim.max_epoch=3', f'train.capture={capture}',
+        'train.progress_bar=false'])
+    res = train(cfg, log=lambda *a: None)
+    hist = res['history']
+    assert res['finished'] and hist[-1]['train_loss'] < hist[0]['train_loss']
+    return hist
+
+
 @pytest.mark.parametrize('config,backend', [
     ('pattern-gps', 'dfgnn'), ('pattern-gps', 'pyg'), ('pattern-gt',
                                                        'dfgnn')])
 def test_captured_step_matches_eager(tmp_path, config, backend):
-    # No random draws (dropout, LapPE's sign flips): the replays' Philox
-    # offsets differ from eager ones.
-    extra = (f'backend={backend}', 'gt.attn_dropout=0.0', 'gt.dropout=0.0',
-             'posenc_LapPE.enable=false',
-             'dataset.node_encoder_name=LinearNode+RWSE')
-    cfg, model, opt, batches, stats = setup(tmp_path, config, *extra,
-                                            pad=True, capture='graphs')
+    cfg, model, opt, batches, stats = setup(
+        tmp_path, config, *no_random_draws(backend), pad=True,
+        capture='graphs')
     twin = copy.deepcopy(model)
     opt2 = make_optimizer(cfg, twin.parameters(), True)
     stats2 = EpochStats(cfg.metric_best, 2, DEV)
@@ -83,27 +113,11 @@ def test_captured_step_matches_eager(tmp_path, config, backend):
     for batch in seq:
         train_step(twin, opt2, batch, cfg, stats2)
     assert captured.replays > 0 and captured.graphs
-    # Adam's first updates are ~lr * sign(grad): rounding-level gradient
-    # differences (atomics in scatter ops) move a weight by up to 2 lr per
-    # step (seen on an H100: 1.8e-3 after 12 steps at lr 1e-3).
-    for (name, a), b in zip(model.state_dict().items(),
-                            twin.state_dict().values()):
-        assert torch.allclose(a.float(), b.float(), atol=1e-2,
-                              rtol=1e-3), name
-    ra, rb = stats.result(), stats2.result()
-    assert ra['loss'] == pytest.approx(rb['loss'], rel=1e-3)
-    assert ra['graphs'] == rb['graphs']
+    assert_same_training(model, twin, stats, stats2)
 
 
 def test_captured_run_trains(tmp_path):
-    cfg = load_config(osp.join(CONFIGS, 'pattern-gps.yaml'), [
-        f'dataset.dir={tmp_path}/d', f'out_dir={tmp_path}/r',
-        'dataset.size=64', 'gt.layers=2', 'train.batch_size=8',
-        'optim.max_epoch=3', 'train.capture=true',
-        'train.progress_bar=false'])
-    res = train(cfg, log=lambda *a: None)
-    hist = res['history']
-    assert res['finished'] and hist[-1]['train_loss'] < hist[0]['train_loss']
+    assert_run_trains(tmp_path, 'true')
 
 
 @pytest.mark.parametrize('config,backend', [
@@ -112,14 +126,9 @@ def test_compiled_step_matches_eager(tmp_path, config, backend):
     """train.capture compile: torch.compile(mode='reduce-overhead') of the
     step on padded batches (one eager warm-up step, then compiled ones)
     against eager steps on the same batches."""
-    # No random draws (dropout, LapPE's sign flips): compiled code draws
-    # other numbers than eager code.
-    extra = (f'backend={backend}', 'gt.attn_dropout=0.0', 'gt.dropout=0.0',
-             'posenc_LapPE.enable=false',
-             'dataset.node_encoder_name=LinearNode+RWSE',
-             'train.capture=compile')
-    cfg, model, opt, batches, stats = setup(tmp_path, config, *extra,
-                                            pad=True, capture='compile')
+    cfg, model, opt, batches, stats = setup(
+        tmp_path, config, *no_random_draws(backend, 'train.capture=compile'),
+        pad=True, capture='compile')
     twin = copy.deepcopy(model)
     opt2 = make_optimizer(cfg, twin.parameters())
     stats2 = EpochStats(cfg.metric_best, 2, DEV)
@@ -143,25 +152,8 @@ def test_compiled_step_matches_eager(tmp_path, config, backend):
     shapes = len({batch_key(b) for b in seq[1:]})
     assert 0 < step.captures <= 2 + shapes, \
         f'{step.captures} graphs compiled for {shapes} batch shapes'
-    # Adam's first updates are ~lr * sign(grad): rounding-level gradient
-    # differences move a weight by up to 2 lr per step (as for the CUDA
-    # graphs above).
-    for (name, a), b in zip(model.state_dict().items(),
-                            twin.state_dict().values()):
-        assert torch.allclose(a.float(), b.float(), atol=1e-2,
-                              rtol=1e-3), name
-    ra, rb = stats.result(), stats2.result()
-    assert ra['loss'] == pytest.approx(rb['loss'], rel=1e-3)
-    assert ra['graphs'] == rb['graphs']
+    assert_same_training(model, twin, stats, stats2)
 
 
 def test_compiled_run_trains(tmp_path):
-    cfg = load_config(osp.join(CONFIGS, 'pattern-gps.yaml'), [
-        f'dataset.dir={tmp_path}/d', f'out_dir={tmp_path}/r',
-        'dataset.size=64', 'gt.layers=2', 'train.batch_size=8',
-        'optim.max_epoch=3', 'train.capture=compile',
-        'train.progress_bar=false'])
-    res = train(cfg, log=lambda *a: None)
-    hist = res['history']
-    assert res['finished'] and hist[-1]['train_loss'] < hist[0]['train_loss']
-    assert hist[0]['captures'] > 0
+    assert assert_run_trains(tmp_path, 'compile')[0]['captures'] > 0
