@@ -11,11 +11,7 @@
 #   PYTEST_ARGS="-k random_case" ...          (extra pytest arguments)
 #   SANITIZE_SCRIPTS="scripts/sanitize_cases.py" ...  (default: fwd + bwd)
 set -u
-export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
-export MAX_JOBS=${MAX_JOBS:-16}
-export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
-export PYG_DFGNN_CACHE=${PYG_DFGNN_CACHE:-/tmp/pdf_cache}
-export PYTHONUNBUFFERED=1
+source "$(dirname "${BASH_SOURCE[0]}")/device-env.sh"
 OUT=${OUT:-./gpu-check-out}
 LOGS=$(mktemp -d)  # $OUT brings back at most 8 files: logs travel as a tarball
 mkdir -p "$OUT"

@@ -101,7 +101,7 @@ def test_captured_step_matches_eager(tmp_path, config, backend):
         tmp_path, config, *no_random_draws(backend), pad=True,
         capture='graphs')
     twin = copy.deepcopy(model)
-    opt2 = make_optimizer(cfg, twin.parameters(), True)
+    opt2 = make_optimizer(cfg, twin.parameters(), 'graphs')
     stats2 = EpochStats(cfg.metric_best, 2, DEV)
     model.train()
     twin.train()

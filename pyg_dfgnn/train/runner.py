@@ -75,10 +75,9 @@ def run_dir(cfg: Config) -> str:
 
 
 def make_optimizer(cfg: Config, params,
-                   capture: Any = 'none') -> torch.optim.Optimizer:
+                   capture: str = 'none') -> torch.optim.Optimizer:
     """Adam / AdamW of the config for the step's ``capture`` mode
-    (:func:`capture_mode`; ``True`` / ``False`` mean ``'graphs'`` /
-    ``'none'``). The update rule is the same in all of them:
+    (:func:`capture_mode`). The update rule is the same in all of them:
 
     * ``'graphs'``: fused and capturable (device-side step counts, the
       learning rate a device tensor that the scheduler updates in place);
@@ -90,8 +89,6 @@ def make_optimizer(cfg: Config, params,
       update (a tensor learning rate without ``capturable``, which the
       CPU lacks, rules out ``foreach``).
     """
-    if isinstance(capture, bool):  # the former 'capturable' flag
-        capture = 'graphs' if capture else 'none'
     cls = torch.optim.AdamW if cfg.optim.optimizer == 'adamW' else \
         torch.optim.Adam
     params = list(params)
