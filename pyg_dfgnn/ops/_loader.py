@@ -1,6 +1,8 @@
 """Finds or builds the CUDA kernels.
 
-Order: the extension prebuilt by ``setup.py`` (``pyg_dfgnn._C``), else a JIT
+Order: a library named by ``$PYG_DFGNN_LIBRARY`` (a ``.so`` that an earlier
+JIT build of the same sources produced, e.g. carried between device calls),
+the extension prebuilt by ``setup.py`` (``pyg_dfgnn._C``), else a JIT
 build of ``kernels/`` with :func:`torch.utils.cpp_extension.load` + ninja into
 a cache directory (``$PYG_DFGNN_CACHE`` or ``~/.cache/pyg_dfgnn``). Either
 registers the ``torch.ops.pyg_dfgnn`` ops. Without CUDA nothing is built and
@@ -58,10 +60,17 @@ def load_kernels() -> bool:
     if not torch.cuda.is_available():
         _reason = 'no CUDA device'
     else:
+        library = os.environ.get('PYG_DFGNN_LIBRARY')
         try:
-            import pyg_dfgnn._C  # noqa: F401  (prebuilt by setup.py)
+            if library:
+                torch.ops.load_library(library)
+            else:
+                import pyg_dfgnn._C  # noqa: F401  (prebuilt by setup.py)
             _state = True
-        except ImportError:
+        except (ImportError, OSError) as e:
+            if library:  # asked for by name: no silent rebuild
+                raise RuntimeError(f'PYG_DFGNN_LIBRARY={library} does not '
+                                   f'load: {e}') from e
             try:
                 build()
                 _state = True
