@@ -44,7 +44,7 @@ cat "$LOGS/gpu.txt"
 # The kernel sources' stamp: a library saved by one call (SAVE_LIBRARY=1 ->
 # $OUT/kernels-<stamp>.so.gz) is loaded by a later one (LIBRARY_GZ=<that
 # file, carried>) only while kernels/ is unchanged.
-STAMP=$(LC_ALL=C cat kernels/* | sha1sum | cut -c1-12)
+STAMP=$(LC_ALL=C cat kernels/*.cu kernels/*.cuh kernels/*.cpp kernels/*.h | sha1sum | cut -c1-12)
 if has build && [ -n "${LIBRARY_GZ:-}" ] && [ -f "$LIBRARY_GZ" ] \
     && [[ "$(basename "$LIBRARY_GZ")" == "kernels-$STAMP.so.gz" ]]; then
   gunzip -c "$LIBRARY_GZ" >/tmp/pyg_dfgnn_kernels.so
@@ -58,8 +58,10 @@ elif has build; then
   grep -E "error|spill stores|Used [0-9]+ registers" "$LOGS/build.log" \
     | sort | uniq -c | sort -rn | head -n 8
   if [ -n "${SAVE_LIBRARY:-}" ] && [ -f "$PYG_DFGNN_CACHE/pyg_dfgnn_kernels.so" ]; then
-    gzip -c "$PYG_DFGNN_CACHE/pyg_dfgnn_kernels.so" >"$OUT/kernels-$STAMP.so.gz"
-    ls -l "$OUT/kernels-$STAMP.so.gz"
+    # (in parts: a file back from $OUT is at most 16 MiB; join with cat)
+    gzip -c "$PYG_DFGNN_CACHE/pyg_dfgnn_kernels.so" \
+      | split -b 15M -d - "$OUT/kernels-$STAMP.so.gz.part"
+    ls -l "$OUT"/kernels-$STAMP.so.gz.part*
   fi
 fi
 if has test; then
