@@ -14,7 +14,8 @@ attention edges padded together to one of 4 levels): one graph is captured
 per ``(slots, nodes, edges, attention edges)`` shape. The first
 batch of a bucket runs eagerly (the warm-up capture needs: lazily created
 handles, optimizer state), the second is captured and replayed, later ones
-are copied into the captured batch's tensors and replayed. The step itself
+are copied into the captured batch's tensors (a copy the step owns) and
+replayed. The step itself
 must be sync-free (:func:`~pyg_dfgnn.train.runner.train_step` is, with the
 device loader's batches); the optimizer needs ``capturable=True`` and a
 tensor learning rate so that the scheduler's changes reach the replays.
@@ -26,6 +27,7 @@ batches, losses, the optimizer update) besides; on CUDA its
 """
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable, Dict, Sequence, Tuple
 
 import torch
@@ -102,11 +104,15 @@ class CapturedStep:
             torch.cuda.current_stream().wait_stream(stream)
             self.eager_steps += 1
             return
+        # The graph's inputs are a copy owned here: later batches of this
+        # shape are copied into it, never into the caller's batch (a list
+        # of batches replayed twice would otherwise change under it).
+        static = copy.deepcopy(batch)
         self.optimizer.zero_grad(set_to_none=True)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream):
-            self.step(batch)
-        self.graphs[key] = (graph, batch)  # its tensors are the inputs
+            self.step(static)
+        self.graphs[key] = (graph, static)
         graph.replay()  # capturing did not run this batch's step
         self.replays += 1
 
