@@ -53,7 +53,7 @@ if has build && [ -n "${LIBRARY_GZ:-}" ] && [ -f "$LIBRARY_GZ" ] \
     "from pyg_dfgnn.ops._loader import load_kernels; assert load_kernels()"
 elif has build; then
   [ -n "${LIBRARY_GZ:-}" ] && echo "LIBRARY_GZ=$LIBRARY_GZ is not kernels-$STAMP: building"
-  stage build 420 env PYG_DFGNN_PTXAS_VERBOSE=1 $PY -c \
+  stage build 420 $PY -c \
     "from pyg_dfgnn.ops._loader import build; build(verbose=True)"
   grep -E "error|spill stores|Used [0-9]+ registers" "$LOGS/build.log" \
     | sort | uniq -c | sort -rn | head -n 8

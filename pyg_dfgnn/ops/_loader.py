@@ -44,16 +44,9 @@ def build(verbose: bool = False):
         name='pyg_dfgnn_kernels', sources=kernel_sources(),
         # no -std: torch adds the standard its headers need (C++20 for 2.14)
         extra_cflags=['-O3'],
-        # -Xptxas=-v always (it was added only under
-        # $PYG_DFGNN_PTXAS_VERBOSE): the flags are part of ninja's build
-        # commands, so a build with the variable set (gpu-check's build
-        # stage) and a later process without it (pytest, fwd_bench) had
-        # different commands and ninja recompiled every .cu file inside
-        # that process (~190 s on an H100 with the TC units), silently
-        # under pytest's capture: the session-8 "TC hang" (100 s / 50 s
-        # limits ran out before any output). ptxas's report costs nothing
-        # and shows only in verbose builds (ninja's output is piped
-        # otherwise).
+        # Fixed flags (ptxas's report too, seen only in verbose builds):
+        # they are part of the build's identity, and a process with other
+        # flags than the build's recompiles every unit (~190 s), silently.
         extra_cuda_cflags=['-O3', '-lineinfo', '--expt-relaxed-constexpr',
                            '-Xptxas=-v'],
         build_directory=cache, verbose=verbose, is_python_module=False)
