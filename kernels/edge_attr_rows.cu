@@ -36,7 +36,7 @@ namespace edge_rows {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * kWarpSize;
-constexpr int kOut = 4;     // sums: outputs per lane per pass
+constexpr int kOut = 8;     // sums: outputs per lane per pass
 constexpr int kUnroll = 4;  // sums: edges in flight
 constexpr int kVW = 4;      // elements per vector load of an x row
 
@@ -96,8 +96,10 @@ __device__ __forceinline__ void row_scatter(T* gr, const float* m, int H,
 }
 
 // MAXH >= H: the per-lane head arrays live in registers.
+// (4 blocks per SM: <= 64 registers; 96 left 25% occupancy to a
+// latency-bound kernel)
 template <typename T, int MAXH>
-__global__ void __launch_bounds__(kThreads) edge_rows_kernel(Args<T> a) {
+__global__ void __launch_bounds__(kThreads, 4) edge_rows_kernel(Args<T> a) {
   __shared__ float s_m[kWarps][kEdgeRowsMaxHD];
   __shared__ float s_wl[kWarps][kEdgeRowsMaxHeads];
   __shared__ float s_fill[kEdgeRowsMaxHD];
@@ -186,15 +188,20 @@ __global__ void __launch_bounds__(kThreads) edge_rows_kernel(Args<T> a) {
     }
   }
 
-  // sums: lanes over the H * De outputs; the row's edges in chunks of 32
-  // (one coalesced index load, broadcast by shuffles), kUnroll in flight
+  // sums: L lanes cover the H * De outputs (kOut each), the warp's
+  // 32 / L slots take different edges (kUnroll each in flight), summed by
+  // shuffles at the end; edges in chunks of 32 (one coalesced index load,
+  // broadcast by shuffles)
   if (a.sums != nullptr) {
-    for (int o0 = 0; o0 < HD; o0 += kWarpSize * kOut) {
+    int L = 1;
+    while (L * kOut < HD && L < kWarpSize) L <<= 1;
+    const int slots = kWarpSize / L, slot = lane / L, l = lane % L;
+    for (int o0 = 0; o0 < HD; o0 += L * kOut) {
       float acc[kOut];
       int oh[kOut], od[kOut];
 #pragma unroll
       for (int j = 0; j < kOut; ++j) {
-        const int o = o0 + lane + j * kWarpSize;
+        const int o = o0 + l + j * L;
         acc[j] = 0.f;
         oh[j] = o < HD ? o / De : -1;
         od[j] = o < HD ? o - oh[j] * De : 0;
@@ -202,16 +209,18 @@ __global__ void __launch_bounds__(kThreads) edge_rows_kernel(Args<T> a) {
       for (int64_t cb = lo; cb < hi; cb += kWarpSize) {
         const int n = (int)(hi - cb < kWarpSize ? hi - cb : kWarpSize);
         const int64_t my_r = lane < n ? attr_row(cb + lane) : a.n_in;
-        for (int e0 = 0; e0 < n; e0 += kUnroll) {
+        for (int e0 = 0; e0 < n; e0 += slots * kUnroll) {
           int64_t r[kUnroll];
 #pragma unroll
           for (int u = 0; u < kUnroll; ++u)
-            r[u] = __shfl_sync(kFullMask, (long long)my_r, (e0 + u) & 31);
+            r[u] = __shfl_sync(kFullMask, (long long)my_r,
+                               (e0 + slot + u * slots) & 31);
 #pragma unroll
           for (int u = 0; u < kUnroll; ++u) {
-            if (e0 + u >= n || r[u] >= a.n_in) continue;
+            const int e = e0 + slot + u * slots;
+            if (e >= n || r[u] >= a.n_in) continue;
             const T* xr = a.x + r[u] * De;
-            const T* wr = a.w + (cb + e0 + u) * H;
+            const T* wr = a.w + (cb + e) * H;
 #pragma unroll
             for (int j = 0; j < kOut; ++j)
               if (oh[j] >= 0)
@@ -222,11 +231,13 @@ __global__ void __launch_bounds__(kThreads) edge_rows_kernel(Args<T> a) {
       }
 #pragma unroll
       for (int j = 0; j < kOut; ++j) {
-        if (oh[j] < 0) continue;
+        for (int off = L; off < kWarpSize; off <<= 1)
+          acc[j] += __shfl_xor_sync(kFullMask, acc[j], off);
+        if (slot != 0 || oh[j] < 0) continue;
         if (a.fill == 3 && loop_p >= 0)
           acc[j] = fmaf(to_float(a.w[loop_p * H + oh[j]]), s_fill[od[j]],
                         acc[j]);
-        a.sums[row * HD + o0 + lane + j * kWarpSize] = acc[j];
+        a.sums[row * HD + o0 + l + j * L] = acc[j];
       }
     }
   }

@@ -3,7 +3,8 @@
     python -m pyg_dfgnn train --cfg configs/pattern-gps.yaml [key=value ...] \
         [--resume]
     python -m pyg_dfgnn bench-e2e --cfg configs/pattern-gps.yaml --epochs 5 \
-        [key=value ...] [--out benchmarks/results]
+        [key=value ...] [--out benchmarks/results] \
+        [--variants pyg,pyg-runner,dfgnn,pyg-runner-compile,dfgnn-compile]
     python -m pyg_dfgnn show-config --cfg configs/demo.yaml [key=value ...]
 
 Overrides use the config's dotted keys, values parsed as YAML, e.g.
@@ -37,6 +38,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument('--epochs', type=int, required=True)
     p.add_argument('--out', default='benchmarks/results',
                    help='folder of the JSON result')
+    from pyg_dfgnn.train.bench import DEFAULT_VARIANTS, VARIANTS
+    p.add_argument('--variants', default=None,
+                   help=f"comma-separated, out of {', '.join(VARIANTS)} "
+                   f"(default: {','.join(DEFAULT_VARIANTS)})")
     p = sub.add_parser('show-config', help='print the full config')
     common(p)
     return parser
@@ -50,8 +55,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.command == 'bench-e2e':
             if args.epochs < 1:
                 raise ConfigError(f'--epochs must be >= 1, got {args.epochs}')
-            from pyg_dfgnn.train.bench import bench_e2e
-            bench_e2e(args.cfg, args.epochs, args.opts, out_dir=args.out)
+            from pyg_dfgnn.train.bench import bench_e2e, parse_variants
+            bench_e2e(args.cfg, args.epochs, args.opts, out_dir=args.out,
+                      variants=parse_variants(args.variants))
             return 0
         cfg = load_config(args.cfg, args.opts)
         if args.command == 'show-config':

@@ -15,11 +15,7 @@
 #   run: bash scripts/accuracy-check.sh
 #   CFG=configs/cluster-gps.yaml EPOCHS=30 RUNS="dfgnn pyg" bash scripts/accuracy-check.sh
 set -u
-export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
-export MAX_JOBS=${MAX_JOBS:-16}
-export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
-export PYG_DFGNN_CACHE=${PYG_DFGNN_CACHE:-/tmp/pdf_cache}
-export PYTHONUNBUFFERED=1
+source "$(dirname "${BASH_SOURCE[0]}")/device-env.sh"
 T0=$(date +%s)
 OUT=${OUT:-./accuracy-out}
 STATE=${STATE:-./accuracy-state}

@@ -20,11 +20,8 @@
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
   NVSHMEM_DISABLE_NVLS=1
-export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
-export MAX_JOBS=${MAX_JOBS:-16}
-export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 export PYG_DFGNN_CACHE=${PYG_DFGNN_CACHE:-$PWD/build/pdf_cache}
-export PYTHONUNBUFFERED=1
+source "$(dirname "${BASH_SOURCE[0]}")/device-env.sh"
 OUT=${OUT:-./ddp-out}
 RUNS=$(mktemp -d)
 mkdir -p "$OUT"

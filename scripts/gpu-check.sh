@@ -10,12 +10,11 @@
 #                                             benchmarks, off by default)
 #   PYTEST_ARGS="-k random_case" ...          (extra pytest arguments)
 #   SANITIZE_SCRIPTS="scripts/sanitize_cases.py" ...  (default: fwd + bwd)
+#   SAVE_LIBRARY=1 ... / LIBRARY_GZ=.devlib/kernels-<stamp>.so.gz ...
+#                                             (save the built kernels to $OUT /
+#                                             load them in a later call)
 set -u
-export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
-export MAX_JOBS=${MAX_JOBS:-16}
-export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
-export PYG_DFGNN_CACHE=${PYG_DFGNN_CACHE:-/tmp/pdf_cache}
-export PYTHONUNBUFFERED=1
+source "$(dirname "${BASH_SOURCE[0]}")/device-env.sh"
 OUT=${OUT:-./gpu-check-out}
 LOGS=$(mktemp -d)  # $OUT brings back at most 8 files: logs travel as a tarball
 mkdir -p "$OUT"
@@ -42,11 +41,28 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
   >"$LOGS/gpu.txt" 2>&1
 cat "$LOGS/gpu.txt"
 
-if has build; then
-  stage build 420 env PYG_DFGNN_PTXAS_VERBOSE=1 $PY -c \
+# The kernel sources' stamp: a library saved by one call (SAVE_LIBRARY=1 ->
+# $OUT/kernels-<stamp>.so.gz) is loaded by a later one (LIBRARY_GZ=<that
+# file, carried>) only while kernels/ is unchanged.
+STAMP=$(LC_ALL=C cat kernels/*.cu kernels/*.cuh kernels/*.cpp kernels/*.h | sha1sum | cut -c1-12)
+if has build && [ -n "${LIBRARY_GZ:-}" ] && [ -f "$LIBRARY_GZ" ] \
+    && [[ "$(basename "$LIBRARY_GZ")" == "kernels-$STAMP.so.gz" ]]; then
+  gunzip -c "$LIBRARY_GZ" >/tmp/pyg_dfgnn_kernels.so
+  export PYG_DFGNN_LIBRARY=/tmp/pyg_dfgnn_kernels.so
+  stage load 120 $PY -c \
+    "from pyg_dfgnn.ops._loader import load_kernels; assert load_kernels()"
+elif has build; then
+  [ -n "${LIBRARY_GZ:-}" ] && echo "LIBRARY_GZ=$LIBRARY_GZ is not kernels-$STAMP: building"
+  stage build 420 $PY -c \
     "from pyg_dfgnn.ops._loader import build; build(verbose=True)"
   grep -E "error|spill stores|Used [0-9]+ registers" "$LOGS/build.log" \
     | sort | uniq -c | sort -rn | head -n 8
+  if [ -n "${SAVE_LIBRARY:-}" ] && [ -f "$PYG_DFGNN_CACHE/pyg_dfgnn_kernels.so" ]; then
+    # (in parts: a file back from $OUT is at most 16 MiB; join with cat)
+    gzip -c "$PYG_DFGNN_CACHE/pyg_dfgnn_kernels.so" \
+      | split -b 15M -d - "$OUT/kernels-$STAMP.so.gz.part"
+    ls -l "$OUT"/kernels-$STAMP.so.gz.part*
+  fi
 fi
 if has test; then
   stage test ${TEST_TIMEOUT:-240} $PY -m pytest -m cuda -q --maxfail=25 \

@@ -5,11 +5,15 @@ same config, model and batches as the runner, free-running ms per step
 host syncs / copies per step.
 
 Variants: ``pyg`` (PyG backend, PyG DataLoader, eager: as GraphGPS runs
-it), ``pyg-runner`` (PyG backend, device loader, captured step),
-``dfgnn-eager`` (device loader, eager), ``dfgnn`` (device loader, captured).
+it), ``pyg-runner`` (PyG backend, device loader, step as CUDA graphs),
+``dfgnn-eager`` (device loader, eager), ``dfgnn`` (device loader, CUDA
+graphs), ``pyg-runner-compile`` / ``dfgnn-compile`` (device loader, step
+through torch.compile, mode='reduce-overhead'). Captures and compilation
+happen in the ``--steps`` warm-up steps, before the timed ones.
 
     python scripts/profile_step.py --cfg configs/pattern-gps.yaml \
-        [--size 2000] [--steps 40] [--json out.json] [key=value ...]
+        [--size 2000] [--steps 40] [--variants dfgnn,dfgnn-compile] \
+        [--json out.json] [key=value ...]
 """
 import argparse
 import json
@@ -23,12 +27,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 VARIANTS = {
-    'pyg': ['backend=pyg', 'train.loader=pyg', 'train.capture=false'],
+    'pyg': ['backend=pyg', 'train.loader=pyg', 'train.capture=none'],
     'pyg-runner': ['backend=pyg', 'train.loader=device',
-                   'train.capture=true'],
+                   'train.capture=graphs'],
     'dfgnn-eager': ['backend=dfgnn', 'train.loader=device',
-                    'train.capture=false'],
-    'dfgnn': ['backend=dfgnn', 'train.loader=device', 'train.capture=true'],
+                    'train.capture=none'],
+    'dfgnn': ['backend=dfgnn', 'train.loader=device',
+              'train.capture=graphs'],
+    'pyg-runner-compile': ['backend=pyg', 'train.loader=device',
+                           'train.capture=compile'],
+    'dfgnn-compile': ['backend=dfgnn', 'train.loader=device',
+                      'train.capture=compile'],
 }
 SYNC_KEYS = ('cudaStreamSynchronize', 'cudaDeviceSynchronize', 'aten::item',
              'aten::_local_scalar_dense', 'aten::nonzero', 'cudaMemcpyAsync')
@@ -47,12 +56,12 @@ def main():
     from torch.profiler import ProfilerActivity, profile
 
     from pyg_dfgnn.datasets import build_datasets
-    from pyg_dfgnn.train.capture import CapturedStep
+    from pyg_dfgnn.train.capture import wrap_step
     from pyg_dfgnn.train.config import load_config
     from pyg_dfgnn.train.model import build_model
-    from pyg_dfgnn.train.runner import (EpochStats, make_loaders,
-                                        make_optimizer, train_step,
-                                        use_capture)
+    from pyg_dfgnn.train.runner import (EpochStats, capture_mode,
+                                        make_loaders, make_optimizer,
+                                        train_step)
 
     dev = torch.device('cuda')
     rows = []
@@ -67,17 +76,17 @@ def main():
         model = build_model(cfg, bundle.dim_in, bundle.dim_out,
                             bundle.num_node_types, bundle.dim_edge,
                             bundle.num_edge_types).to(dev)
-        capture = use_capture(cfg, dev)
+        capture = capture_mode(cfg, dev)
         opt = make_optimizer(cfg, model.parameters(), capture)
         loader, _ = make_loaders(cfg, bundle, dev, model, torch.Generator(),
-                                 capture)
+                                 capture != 'none')
         stats = EpochStats(cfg.metric_best, bundle.dim_out, dev)
         model.train()
 
         def step(batch):
             train_step(model, opt, batch, cfg, stats)
 
-        run = CapturedStep(step, opt) if capture else step
+        run = wrap_step(capture, step, opt, dev, static=(stats.sums, ))
 
         def batches(n):
             done = 0
@@ -109,7 +118,8 @@ def main():
         gpu = kernel_us / args.profile_steps / 1e3
         counts = {e.key: e.count / args.profile_steps for e in events
                   if e.key in SYNC_KEYS}
-        row = {'variant': name, 'layer_type': cfg.gt.layer_type,
+        row = {'variant': name, 'capture': capture,
+               'layer_type': cfg.gt.layer_type,
                'batch_size': cfg.train.batch_size, 'ms_per_step': wall,
                'gpu_ms_per_step': gpu, 'gpu_busy': gpu / wall,
                'per_step': counts}
@@ -123,9 +133,9 @@ def main():
                            max_name_column_width=48))
         del model, opt, loader, run
         torch.cuda.empty_cache()
-    print(f"\n{'variant':12s} {'ms/step':>8s} {'GPU ms':>8s} {'busy':>6s}")
+    print(f"\n{'variant':18s} {'ms/step':>8s} {'GPU ms':>8s} {'busy':>6s}")
     for r in rows:
-        print(f"{r['variant']:12s} {r['ms_per_step']:8.2f} "
+        print(f"{r['variant']:18s} {r['ms_per_step']:8.2f} "
               f"{r['gpu_ms_per_step']:8.2f} {r['gpu_busy']:6.0%}")
     if args.json:
         with open(args.json, 'w') as f:

@@ -7,11 +7,8 @@
 #   run: bash scripts/reddit-check.sh        (OUT defaults to ./reddit-out)
 #   STAGES="sampled full-gat" bash scripts/reddit-check.sh    (a subset)
 set -u
-export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
-export MAX_JOBS=${MAX_JOBS:-16}
-export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 export PYG_DFGNN_CACHE=${PYG_DFGNN_CACHE:-$PWD/build/pdf_cache}
-export PYTHONUNBUFFERED=1
+source "$(dirname "${BASH_SOURCE[0]}")/device-env.sh"
 OUT=${OUT:-./reddit-out}
 mkdir -p "$OUT"
 STAGES=${STAGES:-"build sampled full-gat sampled-pyg full-transformer"}

@@ -1,6 +1,7 @@
 """GPU tests of the runner: no host sync in a training step of any shipped
-config (torch.cuda.set_sync_debug_mode('error')), the captured step against
-the eager one, a short captured run through train()."""
+config (torch.cuda.set_sync_debug_mode('error')), the captured step (CUDA
+graphs; torch.compile) against the eager one, short captured runs through
+train()."""
 import copy
 import os.path as osp
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from pyg_dfgnn.datasets import build_datasets
-from pyg_dfgnn.train.capture import CapturedStep
+from pyg_dfgnn.train.capture import CapturedStep, CompiledStep, batch_key
 from pyg_dfgnn.train.config import load_config
 from pyg_dfgnn.train.model import build_model
 from pyg_dfgnn.train.runner import (EpochStats, make_loaders, make_optimizer,
@@ -20,7 +21,7 @@ CONFIGS = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))),
 DEV = torch.device('cuda')
 
 
-def setup(tmp_path, config, *extra, pad=False, capturable=False):
+def setup(tmp_path, config, *extra, pad=False, capture='none'):
     cfg = load_config(osp.join(CONFIGS, f'{config}.yaml'), [
         f'dataset.dir={tmp_path}/d', 'dataset.size=24', 'gt.layers=2',
         'train.batch_size=6', 'train.loader=device', *extra])
@@ -29,7 +30,7 @@ def setup(tmp_path, config, *extra, pad=False, capturable=False):
     model = build_model(cfg, bundle.dim_in, bundle.dim_out,
                         bundle.num_node_types, bundle.dim_edge,
                         bundle.num_edge_types).to(DEV)
-    opt = make_optimizer(cfg, model.parameters(), capturable)
+    opt = make_optimizer(cfg, model.parameters(), capture)
     loader, _ = make_loaders(cfg, bundle, DEV, model,
                              torch.Generator().manual_seed(0), pad)
     stats = EpochStats(cfg.metric_best, bundle.dim_out, DEV)
@@ -58,19 +59,49 @@ def test_training_step_has_no_host_sync(tmp_path, config, backend, pad):
     assert stats.result()['graphs'] == 24
 
 
+# No random draws (dropout, LapPE's sign flips): replays and compiled code
+# draw other numbers (Philox offsets, kernels) than eager steps.
+def no_random_draws(backend, *extra):
+    return (f'backend={backend}', 'gt.attn_dropout=0.0', 'gt.dropout=0.0',
+            'posenc_LapPE.enable=false',
+            'dataset.node_encoder_name=LinearNode+RWSE', *extra)
+
+
+def assert_same_training(model, twin, stats, stats2):
+    """Weights and epoch sums of a captured / compiled run against the
+    eager twin's. Adam's first updates are ~lr * sign(grad): rounding-level
+    gradient differences (atomics in scatter ops) move a weight by up to
+    2 lr per step (seen on an H100: 1.8e-3 after 12 steps at lr 1e-3)."""
+    for (name, a), b in zip(model.state_dict().items(),
+                            twin.state_dict().values()):
+        assert torch.allclose(a.float(), b.float(), atol=1e-2,
+                              rtol=1e-3), name
+    ra, rb = stats.result(), stats2.result()
+    assert ra['loss'] == pytest.approx(rb['loss'], rel=1e-3)
+    assert ra['graphs'] == rb['graphs']
+
+
+def assert_run_trains(tmp_path, capture):
+    cfg = load_config(osp.join(CONFIGS, 'pattern-gps.yaml'), [
+        f'dataset.dir={tmp_path}/d', f'out_dir={tmp_path}/r',
+        'dataset.size=64', 'gt.layers=2', 'train.batch_size=8',
+        'optim.max_epoch=3', f'train.capture={capture}',
+        'train.progress_bar=false'])
+    res = train(cfg, log=lambda *a: None)
+    hist = res['history']
+    assert res['finished'] and hist[-1]['train_loss'] < hist[0]['train_loss']
+    return hist
+
+
 @pytest.mark.parametrize('config,backend', [
     ('pattern-gps', 'dfgnn'), ('pattern-gps', 'pyg'), ('pattern-gt',
                                                        'dfgnn')])
 def test_captured_step_matches_eager(tmp_path, config, backend):
-    # No random draws (dropout, LapPE's sign flips): the replays' Philox
-    # offsets differ from eager ones.
-    extra = (f'backend={backend}', 'gt.attn_dropout=0.0', 'gt.dropout=0.0',
-             'posenc_LapPE.enable=false',
-             'dataset.node_encoder_name=LinearNode+RWSE')
-    cfg, model, opt, batches, stats = setup(tmp_path, config, *extra,
-                                            pad=True, capturable=True)
+    cfg, model, opt, batches, stats = setup(
+        tmp_path, config, *no_random_draws(backend), pad=True,
+        capture='graphs')
     twin = copy.deepcopy(model)
-    opt2 = make_optimizer(cfg, twin.parameters(), True)
+    opt2 = make_optimizer(cfg, twin.parameters(), 'graphs')
     stats2 = EpochStats(cfg.metric_best, 2, DEV)
     model.train()
     twin.train()
@@ -82,24 +113,47 @@ def test_captured_step_matches_eager(tmp_path, config, backend):
     for batch in seq:
         train_step(twin, opt2, batch, cfg, stats2)
     assert captured.replays > 0 and captured.graphs
-    # Adam's first updates are ~lr * sign(grad): rounding-level gradient
-    # differences (atomics in scatter ops) move a weight by up to 2 lr per
-    # step (seen on an H100: 1.8e-3 after 12 steps at lr 1e-3).
-    for (name, a), b in zip(model.state_dict().items(),
-                            twin.state_dict().values()):
-        assert torch.allclose(a.float(), b.float(), atol=1e-2,
-                              rtol=1e-3), name
-    ra, rb = stats.result(), stats2.result()
-    assert ra['loss'] == pytest.approx(rb['loss'], rel=1e-3)
-    assert ra['graphs'] == rb['graphs']
+    assert_same_training(model, twin, stats, stats2)
 
 
 def test_captured_run_trains(tmp_path):
-    cfg = load_config(osp.join(CONFIGS, 'pattern-gps.yaml'), [
-        f'dataset.dir={tmp_path}/d', f'out_dir={tmp_path}/r',
-        'dataset.size=64', 'gt.layers=2', 'train.batch_size=8',
-        'optim.max_epoch=3', 'train.capture=true',
-        'train.progress_bar=false'])
-    res = train(cfg, log=lambda *a: None)
-    hist = res['history']
-    assert res['finished'] and hist[-1]['train_loss'] < hist[0]['train_loss']
+    assert_run_trains(tmp_path, 'true')
+
+
+@pytest.mark.parametrize('config,backend', [
+    ('pattern-gps', 'dfgnn'), ('pattern-gps', 'pyg')])
+def test_compiled_step_matches_eager(tmp_path, config, backend):
+    """train.capture compile: torch.compile(mode='reduce-overhead') of the
+    step on padded batches (one eager warm-up step, then compiled ones)
+    against eager steps on the same batches."""
+    cfg, model, opt, batches, stats = setup(
+        tmp_path, config, *no_random_draws(backend, 'train.capture=compile'),
+        pad=True, capture='compile')
+    twin = copy.deepcopy(model)
+    opt2 = make_optimizer(cfg, twin.parameters())
+    stats2 = EpochStats(cfg.metric_best, 2, DEV)
+    model.train()
+    twin.train()
+    step = CompiledStep(lambda b: train_step(model, opt, b, cfg, stats),
+                        DEV, static=(stats.sums, ))
+    # A copy of the batch per step, as the runner builds a new batch each
+    # step: a reused batch carries what earlier steps cached on its graphs
+    # (a guard failure, i.e. a recompilation).
+    seq = batches * 3
+    for batch in [copy.deepcopy(b) for b in seq]:
+        step(batch)
+    for batch in [copy.deepcopy(b) for b in seq]:
+        train_step(twin, opt2, batch, cfg, stats2)
+    torch.cuda.synchronize()
+    assert step.eager_steps == 1 and step.compiled_steps == len(seq) - 1
+    # Dynamo's graphs: forward + loss + metrics per padded shape,
+    # clipping, the optimizer's update; more mean graph breaks in the
+    # CUDA step (the CPU test sees none).
+    shapes = len({batch_key(b) for b in seq[1:]})
+    assert 0 < step.captures <= 2 + shapes, \
+        f'{step.captures} graphs compiled for {shapes} batch shapes'
+    assert_same_training(model, twin, stats, stats2)
+
+
+def test_compiled_run_trains(tmp_path):
+    assert assert_run_trains(tmp_path, 'compile')[0]['captures'] > 0

@@ -1,6 +1,8 @@
 """Finds or builds the CUDA kernels.
 
-Order: the extension prebuilt by ``setup.py`` (``pyg_dfgnn._C``), else a JIT
+Order: a library named by ``$PYG_DFGNN_LIBRARY`` (a ``.so`` that an earlier
+JIT build of the same sources produced, e.g. carried between device calls),
+the extension prebuilt by ``setup.py`` (``pyg_dfgnn._C``), else a JIT
 build of ``kernels/`` with :func:`torch.utils.cpp_extension.load` + ninja into
 a cache directory (``$PYG_DFGNN_CACHE`` or ``~/.cache/pyg_dfgnn``). Either
 registers the ``torch.ops.pyg_dfgnn`` ops. Without CUDA nothing is built and
@@ -42,16 +44,9 @@ def build(verbose: bool = False):
         name='pyg_dfgnn_kernels', sources=kernel_sources(),
         # no -std: torch adds the standard its headers need (C++20 for 2.14)
         extra_cflags=['-O3'],
-        # -Xptxas=-v always (it was added only under
-        # $PYG_DFGNN_PTXAS_VERBOSE): the flags are part of ninja's build
-        # commands, so a build with the variable set (gpu-check's build
-        # stage) and a later process without it (pytest, fwd_bench) had
-        # different commands and ninja recompiled every .cu file inside
-        # that process (~190 s on an H100 with the TC units), silently
-        # under pytest's capture: the session-8 "TC hang" (100 s / 50 s
-        # limits ran out before any output). ptxas's report costs nothing
-        # and shows only in verbose builds (ninja's output is piped
-        # otherwise).
+        # Fixed flags (ptxas's report too, seen only in verbose builds):
+        # they are part of the build's identity, and a process with other
+        # flags than the build's recompiles every unit (~190 s), silently.
         extra_cuda_cflags=['-O3', '-lineinfo', '--expt-relaxed-constexpr',
                            '-Xptxas=-v'],
         build_directory=cache, verbose=verbose, is_python_module=False)
@@ -68,10 +63,17 @@ def load_kernels() -> bool:
     if not torch.cuda.is_available():
         _reason = 'no CUDA device'
     else:
+        library = os.environ.get('PYG_DFGNN_LIBRARY')
         try:
-            import pyg_dfgnn._C  # noqa: F401  (prebuilt by setup.py)
+            if library:
+                torch.ops.load_library(library)
+            else:
+                import pyg_dfgnn._C  # noqa: F401  (prebuilt by setup.py)
             _state = True
-        except ImportError:
+        except (ImportError, OSError) as e:
+            if library:  # asked for by name: no silent rebuild
+                raise RuntimeError(f'PYG_DFGNN_LIBRARY={library} does not '
+                                   f'load: {e}') from e
             try:
                 build()
                 _state = True

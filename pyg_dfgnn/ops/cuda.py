@@ -253,11 +253,14 @@ def _plan(graph, kind: str, query: Tensor, value: Tensor,
         raise ValueError(f"'strategy' must be 'smmf', 'pmf' or '{TC}' "
                          f"(got '{strategy}')")
     sid = {SMMF: 0, 'pmf': 1, TC: 3}[strategy]
-    if torch.compiler.is_compiling():
+    compiling = torch.compiler.is_compiling()
+    if compiling and getattr(graph, 'graph_windows', None) is None:
         # Building windows syncs with the host (a graph break): a graph first
         # seen while tracing runs fixed windows in both passes (not cached,
         # so that eager calls still build the windows).
         return (sid, int(graph.max_in_degree), None, 0, None, 0, -1)
+    # (A graph that brings its windows -- the device loader's batches, with
+    # their degree bounds -- gives them without a sync, traced too.)
     windows, stage_nodes = None, 0
     if strategy == TC:
         # (the kernel checks kind, dtype and sizes; the windows are the
@@ -282,7 +285,8 @@ def _plan(graph, kind: str, query: Tensor, value: Tensor,
         max_out_degree = graph.max_out_degree
     plan = (sid, int(graph.max_in_degree), windows, stage_nodes, col_windows,
             col_stage_nodes, max_out_degree)
-    plans[key] = plan
+    if not compiling:
+        plans[key] = plan
     return plan
 
 

@@ -1,4 +1,6 @@
-r"""The training step as CUDA graphs (``torch.cuda.graphs``).
+r"""The training step captured: as CUDA graphs (``torch.cuda.graphs``,
+:class:`CapturedStep`, ``train.capture: graphs``) or through
+``torch.compile`` (:class:`CompiledStep`, ``train.capture: compile``).
 
 A step of the GPS models launches hundreds of small kernels; run eagerly,
 the host issues them slower than the GPU runs them. Captured once per batch
@@ -12,14 +14,21 @@ attention edges padded together to one of 4 levels): one graph is captured
 per ``(slots, nodes, edges, attention edges)`` shape. The first
 batch of a bucket runs eagerly (the warm-up capture needs: lazily created
 handles, optimizer state), the second is captured and replayed, later ones
-are copied into the captured batch's tensors and replayed. The step itself
+are copied into the captured batch's tensors (a copy the step owns) and
+replayed. The step itself
 must be sync-free (:func:`~pyg_dfgnn.train.runner.train_step` is, with the
 device loader's batches); the optimizer needs ``capturable=True`` and a
 tensor learning rate so that the scheduler's changes reach the replays.
+
+``torch.compile`` takes the same step and the same padded batches, and
+fuses the step's many small kernels (the masked batch norms of padded
+batches, losses, the optimizer update) besides; on CUDA its
+``mode='reduce-overhead'`` replays the compiled graphs as CUDA graphs.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Tuple
+import copy
+from typing import Any, Callable, Dict, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -72,6 +81,11 @@ class CapturedStep:
         self.seen: Dict[Tuple[int, ...], int] = {}
         self.replays = self.eager_steps = 0
 
+    @property
+    def captures(self) -> int:
+        """CUDA graphs captured so far (one per batch shape)."""
+        return len(self.graphs)
+
     def __call__(self, batch: GraphBatch) -> None:
         key = batch_key(batch)
         entry = self.graphs.get(key)
@@ -90,10 +104,113 @@ class CapturedStep:
             torch.cuda.current_stream().wait_stream(stream)
             self.eager_steps += 1
             return
+        # The graph's inputs are a copy owned here: later batches of this
+        # shape are copied into it, never into the caller's batch (a list
+        # of batches replayed twice would otherwise change under it).
+        static = copy.deepcopy(batch)
         self.optimizer.zero_grad(set_to_none=True)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream):
-            self.step(batch)
-        self.graphs[key] = (graph, batch)  # its tensors are the inputs
+            self.step(static)
+        self.graphs[key] = (graph, static)
         graph.replay()  # capturing did not run this batch's step
         self.replays += 1
+
+
+class CompiledStep:
+    r"""``step(batch)`` through :func:`torch.compile`.
+
+    The whole step function is compiled; dynamo splits it where it does not
+    trace: ``optimizer.zero_grad`` (skipped by dynamo; it sets the
+    gradients to ``None`` on the host), ``loss.backward()`` (run by the
+    autograd engine, through the backward graph that AOTAutograd compiled
+    with the forward) and ``optimizer.step()``, which breaks on entry and
+    exit by design so that the update compiles as a no-grad graph of its
+    own (torch's compiled optimizer). A step is thus three compiled graphs
+    (forward, loss and metrics; clipping; the update) and the compiled
+    backward. Batches are compiled per shape with ``dynamic=False``: the
+    padded batches come in a few fixed shapes, each compiled once with
+    static shapes (kernels specialised to them, one CUDA graph each as in
+    :class:`CapturedStep`); a dynamic graph would still record one CUDA
+    graph per shape, with shape-generic kernels.
+
+    On CUDA the graphs run with ``mode='reduce-overhead'`` (CUDA graphs
+    through cudagraph trees); the step must be sync-free as for
+    :class:`CapturedStep`, and the optimizer capturable with a tensor
+    learning rate (:func:`~pyg_dfgnn.train.runner.make_optimizer`). On the
+    CPU inductor's default mode runs.
+
+    The first ``warmup`` steps run eagerly: what is created lazily
+    (optimizer state, the kernels' load, one-time notices) then exists
+    before tracing instead of being traced once and recompiled.
+
+    Constructing one resets dynamo (:func:`torch.compiler.reset`): the
+    compiled code of earlier steps in the process (bench variants run one
+    after another) would count against dynamo's recompilation limit of a
+    function (8), past which it runs eagerly.
+
+    Args:
+        step (callable): the training step, ``step(batch)``; sync-free.
+        device: where the step runs.
+        static (sequence of Tensor): tensors the step updates in place that
+            live across steps (the epoch's metric sums): marked static, so
+            that CUDA graphs update them in place instead of skipping the
+            graph that writes them.
+        warmup (int): eager steps before the compiled ones.
+        backend (str): ``torch.compile`` backend (``'inductor'``; the
+            tests also trace with ``'aot_eager'``, which compiles nothing).
+    """
+
+    def __init__(self, step: Callable[[Any], None], device: Any,
+                 static: Sequence[Tensor] = (), warmup: int = 1,
+                 backend: str = 'inductor') -> None:
+        from torch._dynamo.utils import counters
+        torch.compiler.reset()
+        for t in static:
+            torch._dynamo.mark_static_address(t)
+        self.step, self.warmup = step, warmup
+        self.cuda_graphs = torch.device(device).type == 'cuda' and \
+            backend == 'inductor'
+        self.compiled = torch.compile(
+            step, backend=backend, dynamic=False,
+            mode='reduce-overhead' if self.cuda_graphs else None)
+        self._stats = counters['stats']
+        self._graphs_before = self._stats['unique_graphs']
+        self.eager_steps = self.compiled_steps = 0
+
+    @property
+    def captures(self) -> int:
+        """Graphs dynamo compiled since this step was made (each a
+        compilation; new ones after the first epoch mean that its timing
+        includes compile time)."""
+        return self._stats['unique_graphs'] - self._graphs_before
+
+    def __call__(self, batch: GraphBatch) -> None:
+        if self.eager_steps < self.warmup:
+            self.eager_steps += 1
+            self.step(batch)
+            return
+        if self.cuda_graphs:  # the previous step's outputs are done with
+            torch.compiler.cudagraph_mark_step_begin()
+        self.compiled(batch)
+        self.compiled_steps += 1
+
+
+#: The ``torch.compile`` backend of ``train.capture: compile`` (tests of
+#: the runner's plumbing trace with ``'aot_eager'``: no code generation,
+#: seconds instead of a minute of C++ builds on a small CPU).
+COMPILE_BACKEND = 'inductor'
+
+
+def wrap_step(mode: str, step: Callable[[Any], None], optimizer,
+              device: Any, static: Sequence[Tensor] = ()) -> Callable:
+    """``step`` as ``train.capture`` ``mode`` runs it: ``'graphs'`` (a
+    :class:`CapturedStep`), ``'compile'`` (a :class:`CompiledStep`) or
+    ``'none'`` (``step`` itself)."""
+    if mode == 'graphs':
+        return CapturedStep(step, optimizer)
+    if mode == 'compile':
+        return CompiledStep(step, device, static, backend=COMPILE_BACKEND)
+    if mode == 'none':
+        return step
+    raise ValueError(f"unknown capture mode {mode!r}")

@@ -39,16 +39,20 @@ class Field:
     max: Optional[float] = None
     max_inclusive: bool = True
     help: str = ''
+    #: ``(old, new)`` pairs: older spellings of a value, mapped on load
+    #: (``train.capture: true`` -> ``'graphs'``). Matched by type and value,
+    #: so that ``True`` does not catch ``1``.
+    aliases: Tuple[Tuple[Any, Any], ...] = ()
 
 
 def _f(default, types=None, choices=None, nullable=False, min=None, max=None,
-       max_inclusive=True, help=''):
+       max_inclusive=True, help='', aliases=()):
     if types is None:
         types = (type(default), )
     elif not isinstance(types, tuple):
         types = (types, )
     return Field(default, types, None if choices is None else tuple(choices),
-                 nullable, min, max, max_inclusive, help)
+                 nullable, min, max, max_inclusive, help, tuple(aliases))
 
 
 def _dropout(default=0.0, help=''):
@@ -63,6 +67,8 @@ LOCAL_ATTN_LAYERS = ('DFGAT', 'DFGATv2', 'DFTransformer')
 LOCAL_EDGE_LAYERS = ('DFGAT', 'DFGATv2', 'DFTransformer', 'GINE')
 EDGE_ENCODERS = ('DummyEdge', 'LinearEdge', 'TypeDictEdge')
 GLOBAL_LAYERS = ('Transformer', 'None')
+#: ``train.capture``: eager, CUDA graphs, torch.compile.
+CAPTURE_MODES = ('none', 'graphs', 'compile')
 ACTIVATIONS = ('relu', 'gelu', 'elu', 'leaky_relu', 'prelu', 'silu', 'tanh')
 
 SCHEMA: Dict[str, Any] = {
@@ -151,9 +157,14 @@ SCHEMA: Dict[str, Any] = {
                      help='device: splits concatenated on the device, '
                      'batches built there (no host collation, no host '
                      'sync); pyg: torch_geometric DataLoader'),
-        'capture': _f(False, bool,
-                      help='training step as CUDA graphs, batches padded '
-                      'to size buckets (CUDA, loader device)'),
+        'capture': _f('none', choices=CAPTURE_MODES,
+                      aliases=((False, 'none'), (True, 'graphs')),
+                      help='training step captured, batches padded to a '
+                      'few fixed shapes (loader device): graphs = one CUDA '
+                      'graph per shape (torch.cuda.graphs, CUDA only); '
+                      'compile = torch.compile (inductor; on CUDA '
+                      "mode='reduce-overhead'); none = eager. false / true "
+                      'are none / graphs'),
         'ddp_batch': _f('global', choices=('global', 'per_rank'),
                         help='data parallel (torchrun): global = '
                         'batch_size is the batch of all ranks together '
@@ -258,6 +269,7 @@ def _unknown(key: str, candidates: Iterable[str]) -> ConfigError:
 
 
 def _coerce(key: str, value: Any, field: Field) -> Any:
+    value = _canonical(value, field)
     if value is None:
         if field.nullable:
             return None
@@ -289,6 +301,25 @@ def _coerce(key: str, value: Any, field: Field) -> Any:
         op = '<=' if field.max_inclusive else '<'
         raise ConfigError(f"'{key}' must be {op} {field.max}, got {value!r}")
     return value
+
+
+def _canonical(value: Any, field: Field) -> Any:
+    for old, new in field.aliases:
+        if type(value) is type(old) and value == old:
+            return new
+    return value
+
+
+def canonical_value(key: str, value: Any) -> Any:
+    """``value`` of the dotted ``key`` with an older spelling mapped to the
+    current one (a checkpoint's ``train.capture: true`` -> ``'graphs'``);
+    other values and unknown keys as they are."""
+    node: Any = SCHEMA
+    for part in key.split('.'):
+        if not isinstance(node, dict) or part not in node:
+            return value
+        node = node[part]
+    return _canonical(value, node) if isinstance(node, Field) else value
 
 
 def _merge(cfg: Config, schema: Dict[str, Any], data: Any,

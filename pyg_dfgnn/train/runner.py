@@ -36,8 +36,9 @@ from torch import Tensor
 
 from pyg_dfgnn.train.batching import DeviceLoader, GraphBatch, GraphStore
 from pyg_dfgnn.train import distributed
-from pyg_dfgnn.train.config import (Config, ConfigError, default_config,
-                                    dump_config, split_layer_type)
+from pyg_dfgnn.train.config import (Config, ConfigError, canonical_value,
+                                    default_config, dump_config,
+                                    split_layer_type)
 
 #: Config keys that may differ between a run and its resumption.
 RESUME_FREE_KEYS = ('device', 'num_threads', 'train.progress_bar',
@@ -74,25 +75,40 @@ def run_dir(cfg: Config) -> str:
 
 
 def make_optimizer(cfg: Config, params,
-                   capturable: bool = False) -> torch.optim.Optimizer:
-    """Adam / AdamW of the config; ``capturable``: for a captured step
-    (device-side step counts, the learning rate a device tensor that the
-    scheduler updates in place)."""
+                   capture: str = 'none') -> torch.optim.Optimizer:
+    """Adam / AdamW of the config for the step's ``capture`` mode
+    (:func:`capture_mode`). The update rule is the same in all of them:
+
+    * ``'graphs'``: fused and capturable (device-side step counts, the
+      learning rate a device tensor that the scheduler updates in place);
+    * ``'compile'``: the learning rate a tensor too (a float would be a
+      constant of the compiled update, recompiled at every scheduler
+      step); on CUDA capturable and ``foreach`` (torch's compiled
+      optimizer: inductor fuses the update itself, where the fused
+      kernel would be an opaque call), on the CPU the single-tensor
+      update (a tensor learning rate without ``capturable``, which the
+      CPU lacks, rules out ``foreach``).
+    """
     cls = torch.optim.AdamW if cfg.optim.optimizer == 'adamW' else \
         torch.optim.Adam
     params = list(params)
     # Fused Adam on the GPU: a few launches per step instead of a Python
     # loop over parameters (2 ms of host time per step of the PATTERN
     # models, whose steps are host-bound); the same update rule.
-    fused = bool(params) and all(p.is_cuda and p.dtype.is_floating_point
-                                 for p in params)
+    cuda = bool(params) and all(p.is_cuda and p.dtype.is_floating_point
+                                for p in params)
     lr: Any = cfg.optim.base_lr
-    if capturable:
-        lr = torch.tensor(lr, device=params[0].device)
-        return cls(params, lr=lr, weight_decay=cfg.optim.weight_decay,
-                   fused=True, capturable=True)
-    return cls(params, lr=lr, weight_decay=cfg.optim.weight_decay,
-               fused=fused or None)
+    kw: Dict[str, Any] = dict(weight_decay=cfg.optim.weight_decay)
+    if capture == 'graphs':
+        kw.update(fused=True, capturable=True)
+    elif capture == 'compile' and cuda:
+        kw.update(capturable=True, foreach=True)
+    elif capture == 'compile':
+        kw.update(foreach=False)
+    else:
+        return cls(params, lr=lr, fused=cuda or None, **kw)
+    lr = torch.tensor(lr, device=params[0].device)
+    return cls(params, lr=lr, **kw)
 
 
 def lr_factor(cfg: Config, epoch: int) -> float:
@@ -242,20 +258,26 @@ def _sync(device: torch.device) -> None:
 
 def train_step(model, optimizer, batch, cfg: Config,
                stats: EpochStats) -> None:
-    """Forward, loss, backward, clipping, optimizer step and the metric
-    update of one batch: no host sync (and capturable) when the batch
-    brings its format (device loader)."""
+    """Forward, loss, metric update, backward, clipping and optimizer step
+    of one batch: no host sync (and capturable) when the batch brings its
+    format (device loader).
+
+    The order suits ``torch.compile``, which splits the step where dynamo
+    does not trace (``zero_grad``, ``backward``, the entry of
+    ``optimizer.step``): gradients cleared first and the metrics (of the
+    detached predictions) updated before the backward, so that forward,
+    loss and metrics make one compiled graph."""
+    optimizer.zero_grad(set_to_none=True)
     mask = getattr(batch, 'node_mask', None)
     pred = model(batch)
     loss = compute_loss(cfg.model.loss_fun, pred, batch.y, mask)
-    optimizer.zero_grad(set_to_none=True)
+    stats.update(pred, batch.y, loss, _graph_weight(batch), mask)
     loss.backward()
     distributed.all_reduce_gradients(model)  # no-op in one process
     if cfg.optim.clip_grad_norm:
         torch.nn.utils.clip_grad_norm_(model.parameters(),
                                        cfg.optim.clip_grad_norm_value)
     optimizer.step()
-    stats.update(pred, batch.y, loss, _graph_weight(batch), mask)
 
 
 def eval_step(model, batch, cfg: Config, stats: EpochStats) -> None:
@@ -399,6 +421,7 @@ def _config_diff(a: Dict[str, Any], b: Dict[str, Any], prefix: str = '',
         va, vb, vd = a.get(k), b.get(k), defaults.get(k)
         if k not in a:
             va = vd
+        va = canonical_value(key, va)  # e.g. an older 'train.capture: true'
         if isinstance(va, dict) and isinstance(vb, dict):
             keys += _config_diff(va, vb, key + '.',
                                  vd if isinstance(vd, dict) else {})
@@ -413,16 +436,22 @@ def _is_better(metric_agg: str, new: float, old: Optional[float]) -> bool:
     return new > old if metric_agg == 'argmax' else new < old
 
 
-def use_capture(cfg: Config, device: torch.device) -> bool:
-    """Whether the training step runs as CUDA graphs (``train.capture``:
-    needs CUDA and the device loader; eager elsewhere)."""
-    if cfg.train.capture is False:
-        return False
-    ok = device.type == 'cuda' and cfg.train.loader == 'device'
-    if cfg.train.capture is True and not ok:
-        raise ConfigError("'train.capture' true needs a CUDA device and "
-                          "'train.loader' device")
-    return ok
+def capture_mode(cfg: Config, device: torch.device) -> str:
+    """How the training step runs (``train.capture``): ``'none'`` (eager),
+    ``'graphs'`` (CUDA graphs: needs CUDA and the device loader) or
+    ``'compile'`` (torch.compile: needs the device loader, any device).
+    Both captured modes train on padded batches of a few fixed shapes."""
+    # A bool set in code after loading still means none / graphs.
+    mode = canonical_value('train.capture', cfg.train.capture)
+    if mode == 'graphs' and (device.type != 'cuda' or
+                             cfg.train.loader != 'device'):
+        raise ConfigError("'train.capture' graphs (true) needs a CUDA device "
+                          "and 'train.loader' device")
+    if mode == 'compile' and cfg.train.loader != 'device':
+        raise ConfigError("'train.capture' compile needs 'train.loader' "
+                          "device (PyG's DataLoader gives every batch a "
+                          "shape of its own: one compilation each)")
+    return mode
 
 
 def make_loaders(cfg: Config, bundle, device: torch.device, model,
@@ -504,7 +533,7 @@ def train(cfg: Config, resume: bool = False, bundle=None,
                         getattr(bundle, 'dim_edge', None),
                         getattr(bundle, 'num_edge_types', None)).to(device)
     distributed.broadcast_parameters(model)
-    capture = use_capture(cfg, device)
+    capture = capture_mode(cfg, device)
     optimizer = make_optimizer(cfg, model.parameters(), capture)
     scheduler = make_scheduler(cfg, optimizer)
 
@@ -539,7 +568,7 @@ def train(cfg: Config, resume: bool = False, bundle=None,
 
     order = torch.Generator()
     train_loader, eval_loaders = make_loaders(cfg, bundle, device, model,
-                                              order, capture)
+                                              order, capture != 'none')
     train_loader, eval_loaders = distributed.shard_loaders(
         train_loader, eval_loaders, mode=cfg.train.ddp_batch)
     stats = {split: EpochStats(cfg.metric_best, bundle.dim_out, device)
@@ -548,9 +577,10 @@ def train(cfg: Config, resume: bool = False, bundle=None,
     def step(batch) -> None:
         train_step(model, optimizer, batch, cfg, stats['train'])
 
-    if capture:
-        from pyg_dfgnn.train.capture import CapturedStep
-        step = CapturedStep(step, optimizer)
+    if capture != 'none':
+        from pyg_dfgnn.train.capture import wrap_step
+        step = wrap_step(capture, step, optimizer, device,
+                         static=(stats['train'].sums, ))
 
     fused = None  # whether the DF convs run the fused CUDA kernels
     if cfg.backend == 'dfgnn' and device.type == 'cuda':
@@ -600,6 +630,8 @@ def train(cfg: Config, resume: bool = False, bundle=None,
             # This rank's steps; the graphs of all ranks together.
             'train_steps': tr['steps'], 'train_graphs': tr['graphs'],
         }
+        if hasattr(step, 'captures'):  # so far: new ones mean warm-up time
+            row['captures'] = step.captures
         last = epoch == cfg.optim.max_epoch - 1
         if (epoch + 1) % cfg.train.eval_period == 0 or last:
             eval_time = 0.0

@@ -537,24 +537,33 @@ def resolve_graph(adj: Any, num_src: int, num_dst: int,
     # Outside torch.compile the cache is called directly: the
     # torch.compiler.disable wrapper costs microseconds per call.
     if torch.compiler.is_compiling():
+        if isinstance(adj, DFGraph):
+            # No cache to consult: traced, so that a compiled model with
+            # the batch's prebuilt graph has no graph break per conv.
+            return _dfgraph_structure(adj, num_src, num_dst, device, name)
         return _resolve_graph_untraced(adj, num_src, num_dst, device, loops,
                                        name)
     return _resolve_graph(adj, num_src, num_dst, device, loops, name)
+
+
+def _dfgraph_structure(adj: DFGraph, num_src: int, num_dst: int,
+                       device: torch.device, name: str) -> EdgeStructure:
+    _check_device(adj, device, name)
+    adj.check_sizes(num_src, num_dst)
+    # Kept on the graph so the inverse permutation is built once
+    # (DFGraph.to() copies attributes, hence the identity check).
+    structure = getattr(adj, '_dfgnn_structure', None)
+    if structure is None or structure.graph is not adj:
+        structure = EdgeStructure(adj, adj.num_edges)
+        adj._dfgnn_structure = structure
+    return structure
 
 
 def _resolve_graph(adj: Any, num_src: int, num_dst: int,
                    device: torch.device, loops: Optional[int],
                    name: str) -> EdgeStructure:
     if isinstance(adj, DFGraph):
-        _check_device(adj, device, name)
-        adj.check_sizes(num_src, num_dst)
-        # Kept on the graph so the inverse permutation is built once
-        # (DFGraph.to() copies attributes, hence the identity check).
-        structure = getattr(adj, '_dfgnn_structure', None)
-        if structure is None or structure.graph is not adj:
-            structure = EdgeStructure(adj, adj.num_edges)
-            adj._dfgnn_structure = structure
-        return structure
+        return _dfgraph_structure(adj, num_src, num_dst, device, name)
     if not isinstance(adj, Tensor) and not is_sparse_tensor(adj):
         raise TypeError(f"'{name}' must be a Tensor, EdgeIndex, SparseTensor, "
                         f"torch.sparse tensor or DFGraph (got "
