@@ -108,8 +108,11 @@ def test_captured_step_matches_eager(tmp_path, config, backend):
     captured = CapturedStep(
         lambda b: train_step(model, opt, b, cfg, stats), opt)
     seq = batches * 3  # repeated shapes: warm-up, capture, replays
+    inputs = [b.x.clone() for b in batches]
     for batch in seq:
         captured(batch)
+    # replays copy into the step's own batch, never into the caller's
+    assert all(torch.equal(b.x, x) for b, x in zip(batches, inputs))
     for batch in seq:
         train_step(twin, opt2, batch, cfg, stats2)
     assert captured.replays > 0 and captured.graphs
