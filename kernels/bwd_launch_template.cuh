@@ -1,6 +1,8 @@
 // Host side of the backward kernels: Args (filled by the host entry
-// fused_attention_bwd.cu), the passes' launches and run_bwd<T>,
-// instantiated per dtype in fused_attention_bwd_{f32,f16,bf16}.cu.
+// fused_attention_bwd.cu), the passes' launches, run_bwd_kind<T, KIND>
+// (the kernels of one dtype and score kind, instantiated per pair in
+// fused_attention_bwd_{dot,add,gatv2}_{f32,f16,bf16}.cu, so that the nine
+// compile in parallel) and run_bwd<T>, the dtype's dispatch over kinds.
 #pragma once
 
 #include <ATen/cuda/CUDAContext.h>
@@ -36,6 +38,16 @@ struct Args {
 
 template <typename T> void run_bwd(Args& a);
 template <typename T> void run_tc_bwd(Args& a);
+template <typename T, int KIND> void run_bwd_kind(Args& a, int optin,
+                                                  bool vec);
+// Each (dtype, kind) is instantiated in its own unit, none implicitly.
+#define PYG_DFGNN_BWD_KINDS(PREFIX, T)                          \
+  PREFIX template void run_bwd_kind<T, kDot>(Args&, int, bool); \
+  PREFIX template void run_bwd_kind<T, kAdd>(Args&, int, bool); \
+  PREFIX template void run_bwd_kind<T, kGatv2>(Args&, int, bool);
+PYG_DFGNN_BWD_KINDS(extern, float)
+PYG_DFGNN_BWD_KINDS(extern, at::Half)
+PYG_DFGNN_BWD_KINDS(extern, at::BFloat16)
 
 namespace detail {
 
@@ -237,15 +249,18 @@ template <typename T> void run_bwd(Args& A) {
   C10_CUDA_CHECK(cudaDeviceGetAttribute(
       &optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
       A.value.get_device()));
+  PYG_DFGNN_DISPATCH_KIND(A.kind, [&] { run_bwd_kind<T, KIND>(A, optin, vec); });
+}
+
+template <typename T, int KIND> void run_bwd_kind(Args& A, int optin,
+                                                  bool vec) {
   PYG_DFGNN_DISPATCH_INDEX(A.col.scalar_type(), "fused_attention_bwd", [&] {
-    PYG_DFGNN_DISPATCH_KIND(A.kind, [&] {
-      PYG_DFGNN_DISPATCH_BOOL(vec, VEC, [&] {
-        const bool feat = A.edge_score.defined() || A.edge_key.defined() ||
-                          A.edge_value.defined() ||
-                          A.grad_alpha.defined() || A.drop.active;
-        PYG_DFGNN_DISPATCH_BOOL(feat, FEAT, [&] {
-          detail::run_passes<T, index_t, KIND, VEC, FEAT>(A, optin);
-        });
+    PYG_DFGNN_DISPATCH_BOOL(vec, VEC, [&] {
+      const bool feat = A.edge_score.defined() || A.edge_key.defined() ||
+                        A.edge_value.defined() || A.grad_alpha.defined() ||
+                        A.drop.active;
+      PYG_DFGNN_DISPATCH_BOOL(feat, FEAT, [&] {
+        detail::run_passes<T, index_t, KIND, VEC, FEAT>(A, optin);
       });
     });
   });

@@ -1,7 +1,8 @@
 // Host entry of the fused backward (kernels: bwd_*.cuh, see bwd_common.cuh):
 // input checks, output allocation, dtype dispatch. The kernels are
-// instantiated in fused_attention_bwd_{f32,f16,bf16}.cu (three translation
-// units that compile in parallel).
+// instantiated per dtype and score kind in
+// fused_attention_bwd_{dot,add,gatv2}_{f32,f16,bf16}.cu (nine translation
+// units that compile in parallel); here only run_bwd<T>'s kind dispatch.
 #include <c10/cuda/CUDAGuard.h>
 
 #include "bwd_launch_template.cuh"
@@ -9,9 +10,10 @@
 
 namespace pyg_dfgnn {
 namespace bwd {
-extern template void run_bwd<float>(Args&);
-extern template void run_bwd<at::Half>(Args&);
-extern template void run_bwd<at::BFloat16>(Args&);
+template void run_bwd<float>(Args&);
+template void run_bwd<at::Half>(Args&);
+template void run_bwd<at::BFloat16>(Args&);
+// (the tensor-core windows' backward: fused_attention_bwd_tc_*.cu)
 extern template void run_tc_bwd<float>(Args&);
 extern template void run_tc_bwd<at::Half>(Args&);
 extern template void run_tc_bwd<at::BFloat16>(Args&);
