@@ -12,7 +12,8 @@
 #   SANITIZE_SCRIPTS="scripts/sanitize_cases.py" ...  (default: fwd + bwd)
 #   SAVE_LIBRARY=1 ... / LIBRARY_GZ=.devlib/kernels-<stamp>.so.gz ...
 #                                             (save the built kernels to $OUT /
-#                                             load them in a later call)
+#                                             load them in a later call: the
+#                                             file or its .partNN files)
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/device-env.sh"
 OUT=${OUT:-./gpu-check-out}
@@ -45,9 +46,12 @@ cat "$LOGS/gpu.txt"
 # $OUT/kernels-<stamp>.so.gz) is loaded by a later one (LIBRARY_GZ=<that
 # file, carried>) only while kernels/ is unchanged.
 STAMP=$(LC_ALL=C cat kernels/*.cu kernels/*.cuh kernels/*.cpp kernels/*.h | sha1sum | cut -c1-12)
-if has build && [ -n "${LIBRARY_GZ:-}" ] && [ -f "$LIBRARY_GZ" ] \
+if has build && [ -n "${LIBRARY_GZ:-}" ] \
+    && compgen -G "$LIBRARY_GZ*" >/dev/null \
     && [[ "$(basename "$LIBRARY_GZ")" == "kernels-$STAMP.so.gz" ]]; then
-  gunzip -c "$LIBRARY_GZ" >/tmp/pyg_dfgnn_kernels.so
+  # the saved file, or the parts it came back in
+  cat $( [ -f "$LIBRARY_GZ" ] && echo "$LIBRARY_GZ" || echo "$LIBRARY_GZ".part* ) \
+    | gunzip -c >/tmp/pyg_dfgnn_kernels.so
   export PYG_DFGNN_LIBRARY=/tmp/pyg_dfgnn_kernels.so
   stage load 120 $PY -c \
     "from pyg_dfgnn.ops._loader import load_kernels; assert load_kernels()"
@@ -58,7 +62,7 @@ elif has build; then
   grep -E "error|spill stores|Used [0-9]+ registers" "$LOGS/build.log" \
     | sort | uniq -c | sort -rn | head -n 8
   if [ -n "${SAVE_LIBRARY:-}" ] && [ -f "$PYG_DFGNN_CACHE/pyg_dfgnn_kernels.so" ]; then
-    # (in parts: a file back from $OUT is at most 16 MiB; join with cat)
+    # (in parts: a file back from $OUT is at most 16 MiB)
     gzip -c "$PYG_DFGNN_CACHE/pyg_dfgnn_kernels.so" \
       | split -b 15M -d - "$OUT/kernels-$STAMP.so.gz.part"
     ls -l "$OUT"/kernels-$STAMP.so.gz.part*
