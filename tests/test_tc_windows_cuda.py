@@ -111,16 +111,18 @@ def test_tc_complete_graphs(dtype):
 
 def test_tc_window_of_more_rows_than_a_chunk():
     """A 600-row window reading 100 sources: counts are built per chunk of
-    kTcMaxRows rows (the window staged again per chunk)."""
+    kTcMaxRows rows (the window staged again per chunk). owner_windows cuts
+    at most max_window_rows rows, so the window is put into the graph's
+    window cache; the column windows of the backward stay the graph's own
+    (graph_windows would serve as both, which a bipartite graph cannot)."""
     cuda = _cuda()
     g = torch.Generator().manual_seed(1)
     n_src, n_dst, e = 100, 600, 3000
     ei = torch.stack([torch.randint(0, n_src, (e, ), generator=g),
                       torch.randint(0, n_dst, (e, ), generator=g)])
-    base = DFGraph.from_edge_index(ei.cuda(), size=(n_src, n_dst))
-    bounds = torch.tensor([0, n_dst], device='cuda')
-    graph = DFGraph(base.rowptr, base.col, n_src,
-                    graph_windows=(bounds, n_src))
+    graph = DFGraph.from_edge_index(ei.cuda(), size=(n_src, n_dst))
+    graph._windows[('row', cuda.TC_MAX_SOURCES, 64)] = (
+        torch.tensor([0, n_dst], device='cuda'), n_src)
     value, _, key = inputs(n_src, 2, 32, torch.bfloat16, g)
     query = torch.randn(n_dst, 2, 32, generator=g).to('cuda', torch.bfloat16)
     check(cuda, graph, value, query.requires_grad_(), key, torch.bfloat16,
