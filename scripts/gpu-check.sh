@@ -63,7 +63,7 @@ cat "$LOGS/gpu.txt"
 # The kernel sources' stamp: a library saved by one call (SAVE_LIBRARY=1 ->
 # $OUT/kernels-<stamp>.so.gz) is loaded by a later one (LIBRARY_GZ=<that
 # file, carried>) only while kernels/ is unchanged.
-STAMP=$(LC_ALL=C cat kernels/*.cu kernels/*.cuh kernels/*.cpp kernels/*.h | sha1sum | cut -c1-12)
+STAMP=$(export LC_ALL=C; cat kernels/*.cu kernels/*.cuh kernels/*.cpp kernels/*.h | sha1sum | cut -c1-12)
 if has build && [ -n "${LIBRARY_GZ:-}" ] \
     && compgen -G "$LIBRARY_GZ*" >/dev/null \
     && [[ "$(basename "$LIBRARY_GZ")" == "kernels-$STAMP.so.gz" ]]; then
