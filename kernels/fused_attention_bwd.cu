@@ -250,17 +250,22 @@ fused_attention_bwd_cuda(
   a.grad_edge_key = grad_of(ek);
   a.grad_edge_value = a.ekv_shared ? at::empty({0}, value.options())
                                    : grad_of(ev);
-  if (strategy == 2) {  // tensor-core windows (conditions: ops.h)
+  // tensor-core windows (conditions: ops.h) after a TC (2) or SMMF (4)
+  // forward: both save the same lse
+  if (strategy == 2 || strategy == 4) {
     const int64_t DH = value.size(2);
     TORCH_CHECK(kind == kDot && !es.defined() && !ek.defined() &&
                     !ev.defined() && !galpha.defined() && dropout == 0.0 &&
                     it == at::kInt && a.windows.defined() &&
+                    // edge multiplicities are counted in a byte
+                    max_in_degree >= 0 && max_in_degree <= 255 &&
                     query.size(-1) == DH &&
                     (DH == 16 || DH == 32 || DH == 64 ||
                      (DH == 128 && dt != at::kFloat)),
                 "fused_attention_bwd: tensor-core windows take the 'dot' "
                 "kind, int32 indices, row windows, D = F in {16, 32, 64, "
-                "128} (fp32: <= 64) and no training features");
+                "128} (fp32: <= 64), in-degrees <= 255 and no training "
+                "features");
     switch (dt) {
       case at::kFloat: pyg_dfgnn::bwd::run_tc_bwd<float>(a); break;
       case at::kHalf: pyg_dfgnn::bwd::run_tc_bwd<at::Half>(a); break;

@@ -228,7 +228,8 @@ fused_attention_fwd_cuda(
   // SMMF needs int32 'col' and its per-warp scratch (query row, one chunk of
   // scores) in shared memory; anything else runs PMF. Graph-aligned windows
   // stage up to `stage_nodes` source rows each, as many as fit.
-  bool smmf = strategy == 0 && col.scalar_type() == at::kInt &&
+  // (4: SMMF here, the backward's tensor-core windows after it)
+  bool smmf = (strategy == 0 || strategy == 4) && col.scalar_type() == at::kInt &&
               H <= kSmmfMaxHeads;
   if (smmf && windows_opt.has_value() && windows_opt->defined() &&
       stage_nodes > 0) {

@@ -15,7 +15,9 @@
 //            tensor-core windows (fwd_tc_kernel.cuh; asked for explicitly,
 //            conditions checked, no fallback; the autograd op passes the
 //            strategy on to the backward, which takes 2 as its own TC path
-//            and 3 as the rows / cols passes)
+//            and 3 as the rows / cols passes), 4 = SMMF forward and the
+//            backward's TC path (the windows serve both: the TC windows,
+//            whose sources SMMF stages as far as they fit)
 //   lse     float32 [N_dst, H]: row max + log(row sum + 1e-16); the only thing
 //           the forward saves for the backward (p_ij = exp(s_ij - lse_i)).
 //           Rows without edges: lse = -inf (and out = 0).
@@ -68,7 +70,7 @@ fused_attention_fwd_cuda(
 // for the cols pass. max_in_degree / max_out_degree: longest CSR row / CSC
 // column (-1 = unknown: no sync, taken as long); owners longer than a
 // segment are split over warps when no windows are given. Only lse comes
-// from the forward (no output). strategy 2: tensor-core windows
+// from the forward (no output). strategy 2 / 4: tensor-core windows
 // (bwd_tc_kernel.cuh; the host asks only where every window has <= 128 rows
 // and sources and no two windows share a source), else the rows / cols
 // passes.

@@ -52,11 +52,12 @@ def inputs(n, heads, dh, dtype, gen, grad=True):
     return rnd(n, heads, dh), rnd(n, heads, dh), rnd(n, heads, dh)
 
 
-def check(cuda, graph, value, query, key, dtype, tag, grad=True):
+def check(cuda, graph, value, query, key, dtype, tag, grad=True,
+          strategy='tc'):
     scale = 1.0 / math.sqrt(query.size(-1))
     poison_allocator()
     out = cuda.fused_attention_cuda(graph, 'dot', value, query, key, None,
-                                    scale, 0.2, strategy='tc')
+                                    scale, 0.2, strategy=strategy)
     assert torch.isfinite(out).all(), f'unwritten output: {tag}'
     leaves = [value, query, key]
     ref_leaves = [t.detach().double().requires_grad_(grad) for t in leaves]
@@ -161,11 +162,11 @@ def test_tc_errors():
         return cuda.fused_attention_cuda(graph, kind, v, q, k, None, 1.0,
                                          0.2, strategy='tc')
 
-    with pytest.raises(RuntimeError, match='tensor-core'):
+    with pytest.raises(ValueError, match='tensor-core'):
         call(kind='add')
-    with pytest.raises(RuntimeError, match='tensor-core'):
+    with pytest.raises(ValueError, match='tensor-core'):
         call(d=24, f=24)
-    with pytest.raises(RuntimeError, match='tensor-core'):
+    with pytest.raises(ValueError, match='tensor-core'):
         call(d=32, f=64)
     big = torch.randint(0, 300, (2, 3000), generator=g)  # one 300-node graph
     with pytest.raises(ValueError, match='row windows of at most 128'):
@@ -193,3 +194,67 @@ def test_tc_backward_windows(dtype, dh):
     tc_bwd = dh <= 64 or dtype != torch.float32
     assert plan[0] == (2 if tc_bwd else 3)
     check(cuda, graph, v, q, k, dtype, f'{dtype} D={dh} sid={plan[0]}')
+
+
+def dense_batch(sizes, degree, gen):
+    """Disjoint graphs of the given sizes, ``degree`` random in-edges per
+    node (multi-edges and self-loops kept)."""
+    eis, off = [], 0
+    for n in sizes:
+        dst = torch.arange(n).repeat_interleave(degree)
+        src = torch.randint(0, n, (n * degree, ), generator=gen)
+        eis.append(torch.stack([src, dst]) + off)
+        off += n
+    return torch.cat(eis, 1), off
+
+
+@pytest.mark.parametrize('dtype', (torch.float16, torch.bfloat16))
+def test_smmf_forward_tc_backward_is_picked_and_matches(dtype):
+    """Without a strategy, a dense fp16 / bf16 'dot' batch runs SMMF forward
+    and the backward's tensor-core windows (strategy 4), with the
+    reference's outputs and gradients; sparse graphs, fp32, other kinds and
+    training features keep strategy 0."""
+    cuda = _cuda()
+    g = torch.Generator().manual_seed(7)
+    ei, n = dense_batch([100, 37, 128, 1, 90], cuda.TC_BWD_MIN_MEAN_DEGREE + 6,
+                        g)
+    graph = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
+    q, k, v = inputs(n, 2, 32, dtype, g)
+    assert cuda._plan(graph, 'dot', q, v, None, backward=True)[0] == 4
+    assert cuda._plan(graph, 'dot', q, v, None, backward=False)[0] == 0
+    assert cuda._plan(graph, 'dot', q, v, None, backward=True,
+                      features=True)[0] == 0
+    assert cuda._plan(graph, 'dot', q, v, 'smmf', backward=True)[0] == 0
+    q32 = q.detach().float()
+    assert cuda._plan(graph, 'dot', q32, q32, None, backward=True)[0] == 0
+    check(cuda, graph, v, q, k, dtype, f'{dtype} strategy 4', strategy=None)
+    # sparse: the rows / cols passes stay
+    ei, n = dense_batch([100, 60], 4, g)
+    sparse = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
+    q, _, v = inputs(n, 2, 32, dtype, g)
+    assert cuda._plan(sparse, 'dot', q, v, None, backward=True)[0] == 0
+
+
+def test_smmf_forward_tc_backward_without_a_sync():
+    """A device batch (graph_windows) decides strategy 4 without a host
+    sync: the captured training step may not sync."""
+    cuda = _cuda()
+    g = torch.Generator().manual_seed(8)
+    sizes = [100, 120, 64]
+    ei, n = dense_batch(sizes, cuda.TC_BWD_MIN_MEAN_DEGREE, g)
+    base = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
+    bounds = torch.tensor([0, 100, 220, 284], device='cuda')
+    graph = DFGraph(base.rowptr, base.col, n,
+                    max_in_degree=cuda.TC_BWD_MIN_MEAN_DEGREE,
+                    csc=base.csc(), max_out_degree=base.max_out_degree,
+                    graph_windows=(bounds, 120))
+    q, k, v = inputs(n, 1, 64, torch.bfloat16, g)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode('error')
+    try:
+        plan = cuda._plan(graph, 'dot', q, v, None, backward=True)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert plan[0] == 4 and plan[2] is bounds
+    check(cuda, graph, v, q, k, torch.bfloat16, 'device batch, strategy 4',
+          strategy=None)

@@ -31,6 +31,16 @@ KIND_IDS = {'dot': 0, 'add': 1, 'gatv2': 2}
 #: asked for explicitly; windows of at most TC_MAX_SOURCES sources.
 TC = 'tc'
 TC_MAX_SOURCES = 128
+#: Edge multiplicities of a window are counted in a byte.
+TC_MAX_DEGREE = 255
+#: Mean in-degree from which the backward's tensor-core windows beat its
+#: rows / cols passes after an SMMF forward (strategy 4, fp16 / bf16, picked
+#: when no strategy is asked for). H100, session 9: the TC backward costs
+#: ~6 ns per row whatever the row's degree, the passes ~0.25-0.6 ns per edge
+#: (TC 1.5x faster at mean in-degree 42 and 32, 1.3x slower at 7.6); even
+#: near 24 on dense batch graphs.
+TC_BWD_MIN_MEAN_DEGREE = 24
+_TC_HALF_DTYPES = (torch.float16, torch.bfloat16)
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _registered = False
 _op = None  # torch.ops.pyg_dfgnn.fused_attention.default, set by _register()
@@ -182,8 +192,14 @@ def _tc_backward_ok(graph, windows: Tensor, kind: str, query: Tensor,
     dV), D = F <= 128 (fp32: <= 64). One host sync, cached with the plan."""
     dh = value.shape[2]
     if kind != 'dot' or query.shape[-1] != dh or dh not in (16, 32, 64, 128) \
-            or (dh == 128 and value.dtype == torch.float32):
+            or (dh == 128 and value.dtype == torch.float32) \
+            or graph.max_in_degree > TC_MAX_DEGREE:
         return False
+    if graph.graph_windows is not None and windows is graph.graph_windows[0]:
+        # graph boundaries of a square batch (row_windows gave them, so
+        # their span is <= TC_MAX_SOURCES): each window owns its sources and
+        # has no more rows than sources -- decided without a sync
+        return True
     if int(windows.diff().max()) > TC_MAX_SOURCES:
         return False
     if graph.num_edges == 0:
@@ -223,30 +239,61 @@ def _tc_single_window(graph) -> Tuple[Optional[Tensor], int]:
     return cache[key]
 
 
+def _check_tc(kind: str, query: Tensor, value: Tensor,
+              features: bool) -> None:
+    """What strategy 'tc' takes, as a Python error (the kernels' host
+    entries check it again)."""
+    dh = value.shape[2]
+    if kind != 'dot' or query.shape[-1] != dh or dh not in (16, 32, 64, 128):
+        raise ValueError(
+            f"strategy '{TC}' (tensor-core windows) takes the 'dot' kind with "
+            f"D = F in (16, 32, 64, 128) (got '{kind}', D = "
+            f"{query.shape[-1] if kind != 'add' else 1}, F = {dh})")
+    if features:
+        raise ValueError(
+            f"strategy '{TC}' (tensor-core windows) takes no edge terms, "
+            f"dropout or attention weights: leave 'strategy' unset")
+
+
 _PLANS_ATTR = '_dfgnn_cuda_plans'
 
 Plan = Tuple[int, int, Optional[Tensor], int, Optional[Tensor], int, int]
 
 
+def _tc_backward_pays(graph, kind: str, query: Tensor, value: Tensor) -> bool:
+    """Whether an SMMF forward should hand its backward to the tensor-core
+    windows (strategy 4): fp16 / bf16 'dot' with D = F the TC kernels take,
+    dense enough (TC_BWD_MIN_MEAN_DEGREE), multiplicities within a byte.
+    Shapes and host-known bounds only (no sync)."""
+    return (kind == 'dot' and value.dtype in _TC_HALF_DTYPES
+            and query.shape[-1] == value.shape[2]
+            and value.shape[2] in (16, 32, 64, 128)
+            and graph.num_dst > 0 and graph.max_in_degree <= TC_MAX_DEGREE
+            and graph.num_edges >= TC_BWD_MIN_MEAN_DEGREE * graph.num_dst)
+
+
 def _plan(graph, kind: str, query: Tensor, value: Tensor,
-          strategy: Optional[str], backward: bool = False) -> Plan:
+          strategy: Optional[str], backward: bool = False,
+          features: bool = False) -> Plan:
     """``(strategy id, max_in_degree, windows, stage_nodes, col_windows,
     col_stage_nodes, max_out_degree)``: the launch arguments that depend only on the graph
     and the feature shapes, cached on the graph per shape (the eager hot
     path then does one dict lookup). The column windows of the backward's
     cols pass are built only when a ``backward`` will run (else ``None,
     0``); ``max_out_degree`` (one host sync per graph) only then too (else
-    -1)."""
+    -1). ``features``: a training feature (edge terms, dropout, attention
+    weights) is on, which only SMMF / PMF take."""
     plans = getattr(graph, _PLANS_ATTR, None)
     if plans is None:
         plans = {}
         setattr(graph, _PLANS_ATTR, plans)
     # The device is in the key: DFGraph.to() copies attributes, this dict too.
     key = (kind, value.shape[1], value.shape[2], query.shape[-1],
-           value.dtype, value.device, strategy, backward)
+           value.dtype, value.device, strategy, backward, features)
     plan = plans.get(key)
     if plan is not None:
         return plan
+    chosen = strategy is None
     if strategy is None:
         strategy = graph.strategy(value.shape[1])
     if strategy not in ('smmf', 'pmf', TC):
@@ -276,8 +323,17 @@ def _plan(graph, kind: str, query: Tensor, value: Tensor,
         if backward and _tc_backward_ok(graph, windows, kind, query, value):
             sid = 2  # the backward's tensor-core windows too
     elif strategy == SMMF:
-        windows, stage_nodes = graph.row_windows(
-            _stage_capacity(kind, query, value))
+        if chosen and backward and not features and \
+                _tc_backward_pays(graph, kind, query, value):
+            windows, stage_nodes = graph.row_windows(TC_MAX_SOURCES)
+            if windows is not None and _tc_backward_ok(graph, windows, kind,
+                                                       query, value):
+                sid = 4  # SMMF forward on the TC windows, TC backward
+            else:
+                windows = None
+        if sid != 4:
+            windows, stage_nodes = graph.row_windows(
+                _stage_capacity(kind, query, value))
     col_windows, col_stage_nodes, max_out_degree = None, 0, -1
     if backward:
         col_windows, col_stage_nodes = graph.col_windows(
@@ -346,7 +402,11 @@ def fused_attention_cuda(graph, kind: str, value: Tensor, query: Tensor,
     backward = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad
         for t in (value, query, key, att, edge_score, edge_key, edge_value))
-    plan = _plan(graph, kind, query, value, strategy, backward)
+    features = edge_score is not None or edge_key is not None or \
+        edge_value is not None or dropout > 0 or attention is not None
+    if strategy == TC:
+        _check_tc(kind, query, value, features)
+    plan = _plan(graph, kind, query, value, strategy, backward, features)
     colptr = csc_row = csc_perm = None
     if backward:
         colptr, csc_row, csc_perm = graph.csc()
