@@ -16,6 +16,7 @@ figures), with our speedups over them. Prints a table and saves JSON.
     python benchmarks/kernels.py                      # all graphs, fp32
     python benchmarks/kernels.py --dtype fp32,bf16 --graphs pattern-like
     python benchmarks/kernels.py --quick              # smoke run (CPU too)
+    python benchmarks/kernels.py --strategy tc        # tensor-core windows
 """
 import math
 import os
@@ -138,7 +139,8 @@ def unfused_attention(edge_index: torch.Tensor, num_nodes: int,
 
 def bench_case(graph_name: str, graph, edge_index, num_nodes: int,
                shape: str, dtype_name: str, timer: Timer, device,
-               seed: int, family: Optional[str]) -> Dict:
+               seed: int, family: Optional[str],
+               strategy: Optional[str] = None) -> Dict:
     from pyg_dfgnn import fused_attention
     from pyg_dfgnn.ops import cuda as cuda_ops
 
@@ -156,19 +158,25 @@ def bench_case(graph_name: str, graph, edge_index, num_nodes: int,
     for t in (q, k, v, q32, k32, v32):
         t.requires_grad_(True)
 
+    def ours(v, q, k):
+        if strategy is None:
+            return fused_attention(graph, 'dot', v, q, k, scale=1.0)
+        return cuda_ops.fused_attention_cuda(graph, 'dot', v, q, k, None, 1.0,
+                                             0.0, strategy=strategy)
+
     def ours_fwd():
         with torch.no_grad():
-            return fused_attention(graph, 'dot', v, q, k, scale=1.0)
+            return ours(v, q, k)
 
     def ours_fb():
-        out = fused_attention(graph, 'dot', v, q, k, scale=1.0)
+        out = ours(v, q, k)
         return torch.autograd.grad(out, (q, k, v), grad)
 
     ops_fwd = ops_fb = None
     if v.is_cuda and cuda_ops.available():
         # The two kernel ops called directly (no autograd engine), as
         # DF-GNN's kernels are timed; `ours_fb` is the user-facing path.
-        plan = cuda_ops._plan(graph, 'dot', q, v, None, backward=True)
+        plan = cuda_ops._plan(graph, 'dot', q, v, strategy, backward=True)
         colptr, csc_row, csc_perm = graph.csc()
         ops = torch.ops.pyg_dfgnn
 
@@ -185,7 +193,8 @@ def bench_case(graph_name: str, graph, edge_index, num_nodes: int,
                     *plan[:4])
                 return ops.fused_attention_bwd(
                     grad, graph.rowptr, graph.col, colptr, csc_row, csc_perm,
-                    0, q, k, v, None, lse, 1.0, 0.0, *cuda_ops.bwd_plan_args(plan))
+                    0, q, k, v, None, lse, 1.0, 0.0,
+                    *cuda_ops.bwd_plan_args(plan), strategy=plan[0])
 
     def unf_fwd():
         with torch.no_grad():
@@ -196,7 +205,8 @@ def bench_case(graph_name: str, graph, edge_index, num_nodes: int,
         return torch.autograd.grad(out, (q, k, v), grad)
 
     row: Dict = dict(graph=graph_name, shape=shape, dtype=dtype_name,
-                     num_nodes=num_nodes, num_edges=graph.num_edges)
+                     num_nodes=num_nodes, num_edges=graph.num_edges,
+                     strategy=strategy or 'auto')
 
     # correctness vs the unfused chain in fp32 (the unfused result itself
     # for fp32 inputs)
@@ -339,6 +349,9 @@ def main(argv=None) -> List[Dict]:
                         help='comma-separated HxF (1x128, 4x32)')
     parser.add_argument('--flush-l2', action='store_true',
                         help='time with a cold L2 (zero 256 MB between calls)')
+    parser.add_argument('--strategy', default=None, choices=('tc', ),
+                        help="tc: the tensor-core windows (graphs with "
+                        "windows of <= 128 sources; others are skipped)")
     args = parser.parse_args(argv)
 
     device, graphs, scale = resolve_run(args, parser)
@@ -374,12 +387,15 @@ def main(argv=None) -> List[Dict]:
             # (the kernels' first load, allocator growth).
             bench_case(name, graph, edge_index, n, shapes[0], dtypes[0],
                        timer, device, args.seed, family)
+        if args.strategy == 'tc' and graph.row_windows(128)[0] is None:
+            print(f'{name}: no windows of <= 128 sources, skipped (tc)')
+            continue
         for shape in shapes:
             by_dtype = {}
             for dtype_name in dtypes:
                 by_dtype[dtype_name] = bench_case(
                     name, graph, edge_index, n, shape, dtype_name, timer,
-                    device, args.seed, family)
+                    device, args.seed, family, args.strategy)
                 rows.append(by_dtype[dtype_name])
             _bf16_speedup(by_dtype)
         del graph, edge_index

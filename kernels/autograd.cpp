@@ -48,7 +48,7 @@ using BwdSig = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
     const OptTensor&, const Tensor&, double, double, const OptTensor&,
     int64_t, const OptTensor&, int64_t, int64_t, int64_t, const OptTensor&,
     const OptTensor&, const OptTensor&, double, const OptTensor&,
-    const OptTensor&, int64_t, const OptTensor&);
+    const OptTensor&, int64_t, const OptTensor&, int64_t);
 
 const c10::TypedOperatorHandle<BwdSig>& bwd_op() {
   static const auto op =
@@ -121,6 +121,7 @@ class FusedAttention : public torch::autograd::Function<FusedAttention> {
     data["col_stage_nodes"] = g.col_stage_nodes;
     data["max_in_degree"] = g.max_in_degree;
     data["max_out_degree"] = g.max_out_degree;
+    data["strategy"] = g.strategy;
     ctx->mark_non_differentiable({lse});
     return {out, lse, alpha};
   }
@@ -164,7 +165,8 @@ class FusedAttention : public torch::autograd::Function<FusedAttention> {
         data["max_out_degree"].toInt(), opt(saved[5]), opt(saved[6]),
         opt(saved[7]), data["dropout"].toDouble(),
         opt(data["rng_state"].toTensor()), grad_alpha, attention,
-        data["attention_perm"].toOptional<Tensor>());
+        data["attention_perm"].toOptional<Tensor>(),
+        data["strategy"].toInt());
     // One entry per forward argument (GraphArgs last); undefined = no grad.
     // needs_input_grad counts only the arguments that were tensors (absent
     // optional ones have no edge). A shared ek = ev gets its whole gradient

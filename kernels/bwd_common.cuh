@@ -1,6 +1,7 @@
 // Fused backward of the attention op: device code and typed host launch,
-// instantiated per dtype by fused_attention_bwd_{f32,f16,bf16}.cu (so the
-// three compile in parallel).
+// instantiated per dtype and score kind by
+// fused_attention_bwd_{dot,add,gatv2}_{f32,f16,bf16}.cu (so the nine
+// compile in parallel).
 //
 //   p_ij = exp(s_ij - lse_i)   dp_ij = <dO_i, v_j>   t_ij = p_ij dp_ij
 //   D_i  = sum_j t_ij          ds_ij = p_ij (dp_ij - D_i) = t_ij - p_ij D_i
@@ -56,8 +57,8 @@
 //   bwd_rows_pass.cuh         rows pass (dQ, D, (p, t) -> ebuf)
 //   bwd_cols_pass.cuh         cols pass (dK, dV, d att, edge gradients)
 //   bwd_kernel.cuh            the pass kernel and the segment combine kernel
-//   bwd_launch_template.cuh   host: Args, run_bwd<T>
-//   fused_attention_bwd_{f32,f16,bf16}.cu  instantiations
+//   bwd_launch_template.cuh   host: Args, run_bwd_kind<T, KIND>, run_bwd<T>
+//   fused_attention_bwd_{dot,add,gatv2}_{f32,f16,bf16}.cu  instantiations
 //   fused_attention_bwd.cu    host entry: checks, outputs
 // shared with the forward: numeric, vector_io, score_kinds,
 // training_features, row_tiles, dispatch (.cuh).

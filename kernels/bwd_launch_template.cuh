@@ -1,6 +1,8 @@
 // Host side of the backward kernels: Args (filled by the host entry
-// fused_attention_bwd.cu), the passes' launches and run_bwd<T>,
-// instantiated per dtype in fused_attention_bwd_{f32,f16,bf16}.cu.
+// fused_attention_bwd.cu), the passes' launches, run_bwd_kind<T, KIND>
+// (the kernels of one dtype and score kind, instantiated per pair in
+// fused_attention_bwd_{dot,add,gatv2}_{f32,f16,bf16}.cu, so that the nine
+// compile in parallel) and run_bwd<T>, the dtype's dispatch over kinds.
 #pragma once
 
 #include <ATen/cuda/CUDAContext.h>
@@ -12,6 +14,7 @@
 
 #include "bwd_common.cuh"
 #include "bwd_kernel.cuh"
+#include "bwd_tc_kernel.cuh"
 #include "dispatch.cuh"
 
 namespace pyg_dfgnn {
@@ -34,6 +37,17 @@ struct Args {
 };
 
 template <typename T> void run_bwd(Args& a);
+template <typename T> void run_tc_bwd(Args& a);
+template <typename T, int KIND> void run_bwd_kind(Args& a, int optin,
+                                                  bool vec);
+// Each (dtype, kind) is instantiated in its own unit, none implicitly.
+#define PYG_DFGNN_BWD_KINDS(PREFIX, T)                          \
+  PREFIX template void run_bwd_kind<T, kDot>(Args&, int, bool); \
+  PREFIX template void run_bwd_kind<T, kAdd>(Args&, int, bool); \
+  PREFIX template void run_bwd_kind<T, kGatv2>(Args&, int, bool);
+PYG_DFGNN_BWD_KINDS(extern, float)
+PYG_DFGNN_BWD_KINDS(extern, at::Half)
+PYG_DFGNN_BWD_KINDS(extern, at::BFloat16)
 
 namespace detail {
 
@@ -235,18 +249,68 @@ template <typename T> void run_bwd(Args& A) {
   C10_CUDA_CHECK(cudaDeviceGetAttribute(
       &optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
       A.value.get_device()));
+  PYG_DFGNN_DISPATCH_KIND(A.kind, [&] { run_bwd_kind<T, KIND>(A, optin, vec); });
+}
+
+template <typename T, int KIND> void run_bwd_kind(Args& A, int optin,
+                                                  bool vec) {
   PYG_DFGNN_DISPATCH_INDEX(A.col.scalar_type(), "fused_attention_bwd", [&] {
-    PYG_DFGNN_DISPATCH_KIND(A.kind, [&] {
-      PYG_DFGNN_DISPATCH_BOOL(vec, VEC, [&] {
-        const bool feat = A.edge_score.defined() || A.edge_key.defined() ||
-                          A.edge_value.defined() ||
-                          A.grad_alpha.defined() || A.drop.active;
-        PYG_DFGNN_DISPATCH_BOOL(feat, FEAT, [&] {
-          detail::run_passes<T, index_t, KIND, VEC, FEAT>(A, optin);
-        });
+    PYG_DFGNN_DISPATCH_BOOL(vec, VEC, [&] {
+      const bool feat = A.edge_score.defined() || A.edge_key.defined() ||
+                        A.edge_value.defined() || A.grad_alpha.defined() ||
+                        A.drop.active;
+      PYG_DFGNN_DISPATCH_BOOL(feat, FEAT, [&] {
+        detail::run_passes<T, index_t, KIND, VEC, FEAT>(A, optin);
       });
     });
   });
+}
+
+// Tensor-core windows (the host entry checked the conditions): a block per
+// window; grad_key / grad_value zeroed first (sources in no window).
+template <typename T> void run_tc_bwd(Args& A) {
+  const int64_t blocks = A.windows.numel() - 1;
+  A.grad_key.zero_();
+  A.grad_value.zero_();
+  if (blocks <= 0) return;
+  TcBwdArgs<T> a;
+  a.rowptr = A.rowptr.data_ptr<int64_t>();
+  a.col = A.col.data_ptr<int32_t>();
+  a.q = A.query.data_ptr<T>();
+  a.k = A.key.data_ptr<T>();
+  a.v = A.value.data_ptr<T>();
+  a.dout = A.grad_out.data_ptr<T>();
+  a.lse = A.lse.data_ptr<float>();
+  a.dq = A.grad_query.data_ptr<T>();
+  a.dk = A.grad_key.data_ptr<T>();
+  a.dv = A.grad_value.data_ptr<T>();
+  a.H = (int)A.value.size(1);
+  a.scale = (float)A.scale;
+  const int DH = (int)A.value.size(2);
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  auto go = [&](auto kernel) {
+    const size_t bytes = tc_bwd_layout(DH, sizeof(T)).total;
+    if (bytes > 48 * 1024)
+      C10_CUDA_CHECK(cudaFuncSetAttribute(
+          kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    kernel<<<(unsigned)blocks, kTcThreads, bytes, stream>>>(
+        a, A.windows.data_ptr<int64_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  switch (DH) {
+    case 16: go(tc_bwd_kernel<T, 16>); break;
+    case 32: go(tc_bwd_kernel<T, 32>); break;
+    case 64: go(tc_bwd_kernel<T, 64>); break;
+    case 128:
+      if constexpr (!std::is_same<T, float>::value) {
+        go(tc_bwd_kernel<T, 128>);
+        break;
+      }
+      [[fallthrough]];
+    default:
+      TORCH_CHECK(false, "fused_attention_bwd: tensor-core windows take D = "
+                  "F in {16, 32, 64, 128} (fp32: <= 64), got ", DH);
+  }
 }
 
 }  // namespace bwd

@@ -1,7 +1,8 @@
 // Host entry of the fused backward (kernels: bwd_*.cuh, see bwd_common.cuh):
 // input checks, output allocation, dtype dispatch. The kernels are
-// instantiated in fused_attention_bwd_{f32,f16,bf16}.cu (three translation
-// units that compile in parallel).
+// instantiated per dtype and score kind in
+// fused_attention_bwd_{dot,add,gatv2}_{f32,f16,bf16}.cu (nine translation
+// units that compile in parallel); here only run_bwd<T>'s kind dispatch.
 #include <c10/cuda/CUDAGuard.h>
 
 #include "bwd_launch_template.cuh"
@@ -9,9 +10,13 @@
 
 namespace pyg_dfgnn {
 namespace bwd {
-extern template void run_bwd<float>(Args&);
-extern template void run_bwd<at::Half>(Args&);
-extern template void run_bwd<at::BFloat16>(Args&);
+template void run_bwd<float>(Args&);
+template void run_bwd<at::Half>(Args&);
+template void run_bwd<at::BFloat16>(Args&);
+// (the tensor-core windows' backward: fused_attention_bwd_tc_*.cu)
+extern template void run_tc_bwd<float>(Args&);
+extern template void run_tc_bwd<at::Half>(Args&);
+extern template void run_tc_bwd<at::BFloat16>(Args&);
 }  // namespace bwd
 }  // namespace pyg_dfgnn
 
@@ -51,7 +56,7 @@ fused_attention_bwd_cuda(
     const c10::optional<at::Tensor>& edge_value, double dropout,
     const c10::optional<at::Tensor>& rng_state,
     const c10::optional<at::Tensor>& grad_alpha, int64_t attention,
-    const c10::optional<at::Tensor>& attention_perm) {
+    const c10::optional<at::Tensor>& attention_perm, int64_t strategy) {
   using pyg_dfgnn::bwd::Args;
   TORCH_CHECK(kind >= 0 && kind <= 2, "fused_attention_bwd: unknown kind ",
               kind);
@@ -245,6 +250,32 @@ fused_attention_bwd_cuda(
   a.grad_edge_key = grad_of(ek);
   a.grad_edge_value = a.ekv_shared ? at::empty({0}, value.options())
                                    : grad_of(ev);
+  // tensor-core windows (conditions: ops.h) after a TC (2) or SMMF (4)
+  // forward: both save the same lse
+  if (strategy == 2 || strategy == 4) {
+    const int64_t DH = value.size(2);
+    TORCH_CHECK(kind == kDot && !es.defined() && !ek.defined() &&
+                    !ev.defined() && !galpha.defined() && dropout == 0.0 &&
+                    it == at::kInt && a.windows.defined() &&
+                    // edge multiplicities are counted in a byte
+                    max_in_degree >= 0 && max_in_degree <= 255 &&
+                    query.size(-1) == DH &&
+                    (DH == 16 || DH == 32 || DH == 64 ||
+                     (DH == 128 && dt != at::kFloat)),
+                "fused_attention_bwd: tensor-core windows take the 'dot' "
+                "kind, int32 indices, row windows, D = F in {16, 32, 64, "
+                "128} (fp32: <= 64), in-degrees <= 255 and no training "
+                "features");
+    switch (dt) {
+      case at::kFloat: pyg_dfgnn::bwd::run_tc_bwd<float>(a); break;
+      case at::kHalf: pyg_dfgnn::bwd::run_tc_bwd<at::Half>(a); break;
+      default: pyg_dfgnn::bwd::run_tc_bwd<at::BFloat16>(a); break;
+    }
+    a.grad_att.zero_();
+    return {a.grad_query,      a.grad_key,      a.grad_value,
+            a.grad_att,        a.grad_edge_score, a.grad_edge_key,
+            a.grad_edge_value};
+  }
   switch (dt) {
     case at::kFloat: pyg_dfgnn::bwd::run_bwd<float>(a); break;
     case at::kHalf: pyg_dfgnn::bwd::run_bwd<at::Half>(a); break;

@@ -21,6 +21,9 @@ PYG_DFGNN_DECLARE(float)
 PYG_DFGNN_DECLARE(at::Half)
 PYG_DFGNN_DECLARE(at::BFloat16)
 #undef PYG_DFGNN_DECLARE
+extern template void run_tc<float>(const Launch&);
+extern template void run_tc<at::Half>(const Launch&);
+extern template void run_tc<at::BFloat16>(const Launch&);
 }  // namespace fwd
 }  // namespace pyg_dfgnn
 
@@ -194,10 +197,39 @@ fused_attention_fwd_cuda(
            attention == 2, drop,
            kind, n_dst, n_edges, max_in_degree, H, D, F,
            qk_group, v_group, device_optin, 0, vec, scale, negative_slope};
+  if (strategy == 2 || strategy == 3) {  // tensor-core windows (asked for)
+    TORCH_CHECK(windows_opt.has_value() && windows_opt->defined() &&
+                    windows_opt->scalar_type() == at::kLong &&
+                    windows_opt->dim() == 1 && windows_opt->numel() >= 2,
+                "fused_attention_fwd: tensor-core windows need int64 [W + 1] "
+                "row windows of at most ", kTcMaxSrc, " sources each "
+                "(DFGraph.row_windows(", kTcMaxSrc, "))");
+    check_cuda(*windows_opt, "windows", dev);
+    TORCH_CHECK(kind == kDot && col.scalar_type() == at::kInt && D == F &&
+                    (D == 16 || D == 32 || D == 64 || D == 128) &&
+                    !L.features() && max_in_degree <= kTcMaxDegree,
+                "fused_attention_fwd: tensor-core windows take the 'dot' "
+                "kind, int32 'col', D = F in {16, 32, 64, 128}, no edge "
+                "terms / dropout / attention weights and in-degrees <= ",
+                kTcMaxDegree);
+    TORCH_CHECK(tc_layout((int)D, value.element_size()).total <=
+                    (size_t)device_optin,
+                "fused_attention_fwd: tensor-core window too large for the "
+                "device's shared memory");
+    L.windows = *windows_opt;
+    if (dtype == at::kFloat)
+      run_tc<float>(L);
+    else if (dtype == at::kHalf)
+      run_tc<at::Half>(L);
+    else
+      run_tc<at::BFloat16>(L);
+    return {out, lse, alpha, rng_state};
+  }
   // SMMF needs int32 'col' and its per-warp scratch (query row, one chunk of
   // scores) in shared memory; anything else runs PMF. Graph-aligned windows
   // stage up to `stage_nodes` source rows each, as many as fit.
-  bool smmf = strategy == 0 && col.scalar_type() == at::kInt &&
+  // (4: SMMF here, the backward's tensor-core windows after it)
+  bool smmf = (strategy == 0 || strategy == 4) && col.scalar_type() == at::kInt &&
               H <= kSmmfMaxHeads;
   if (smmf && windows_opt.has_value() && windows_opt->defined() &&
       stage_nodes > 0) {

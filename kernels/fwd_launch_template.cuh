@@ -11,6 +11,7 @@
 #include "fwd_common.cuh"
 #include "fwd_pmf_kernel.cuh"
 #include "fwd_smmf_kernel.cuh"
+#include "fwd_tc_kernel.cuh"
 
 namespace pyg_dfgnn {
 namespace fwd {
@@ -209,6 +210,33 @@ void run_pmf(const Launch& L) {
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   run_alpha<scalar_t>(L, scores);
+}
+
+// Tensor-core windows: 'dot', D = F in {16, 32, 64, 128}, no training
+// features, int32 'col', windows of <= kTcMaxSrc sources, in-degree <=
+// kTcMaxDegree (the host entry checked all of it). A block per window.
+template <typename scalar_t>
+void run_tc(const Launch& L) {
+  const int64_t blocks = L.windows.numel() - 1;
+  if (blocks <= 0) return;
+  const auto a = make_args<scalar_t, int32_t, true>(L);
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  auto go = [&](auto kernel, int DH) {
+    const size_t bytes = tc_layout(DH, sizeof(scalar_t)).total;
+    allow_smem(kernel, bytes);
+    kernel<<<(unsigned)blocks, kTcThreads, bytes, stream>>>(
+        a, L.windows.data_ptr<int64_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  switch (L.D) {
+    case 16: go(tc_fwd_kernel<scalar_t, 16>, 16); break;
+    case 32: go(tc_fwd_kernel<scalar_t, 32>, 32); break;
+    case 64: go(tc_fwd_kernel<scalar_t, 64>, 64); break;
+    case 128: go(tc_fwd_kernel<scalar_t, 128>, 128); break;
+    default:
+      TORCH_CHECK(false, "fused_attention_fwd: tensor-core windows take "
+                  "D = F in {16, 32, 64, 128} (got ", L.D, ")");
+  }
 }
 
 }  // namespace fwd

@@ -11,7 +11,13 @@
 //   add  : query [N_dst,H],   key [N_src,H],   value [N_src,H,F], att undefined
 //   gatv2: query [N_dst,H,F], key [N_src,H,F], value [N_src,H,F], att [H,F]
 //   strategy 0 = SMMF, 1 = PMF (forward; the host may still route a row set
-//            that does not fit shared memory to the PMF path)
+//            that does not fit shared memory to the PMF path), 2 / 3 =
+//            tensor-core windows (fwd_tc_kernel.cuh; asked for explicitly,
+//            conditions checked, no fallback; the autograd op passes the
+//            strategy on to the backward, which takes 2 as its own TC path
+//            and 3 as the rows / cols passes), 4 = SMMF forward and the
+//            backward's TC path (the windows serve both: the TC windows,
+//            whose sources SMMF stages as far as they fit)
 //   lse     float32 [N_dst, H]: row max + log(row sum + 1e-16); the only thing
 //           the forward saves for the backward (p_ij = exp(s_ij - lse_i)).
 //           Rows without edges: lse = -inf (and out = 0).
@@ -64,7 +70,10 @@ fused_attention_fwd_cuda(
 // for the cols pass. max_in_degree / max_out_degree: longest CSR row / CSC
 // column (-1 = unknown: no sync, taken as long); owners longer than a
 // segment are split over warps when no windows are given. Only lse comes
-// from the forward (no output).
+// from the forward (no output). strategy 2 / 4: tensor-core windows
+// (bwd_tc_kernel.cuh; the host asks only where every window has <= 128 rows
+// and sources and no two windows share a source), else the rows / cols
+// passes.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
            at::Tensor, at::Tensor>
 fused_attention_bwd_cuda(
@@ -81,7 +90,7 @@ fused_attention_bwd_cuda(
     const c10::optional<at::Tensor>& edge_value, double dropout,
     const c10::optional<at::Tensor>& rng_state,
     const c10::optional<at::Tensor>& grad_alpha, int64_t attention,
-    const c10::optional<at::Tensor>& attention_perm);
+    const c10::optional<at::Tensor>& attention_perm, int64_t strategy);
 
 // Raw edge attributes read through a CSR edge -> row map (edge_attr_rows.cu;
 // math in pyg_dfgnn/ops/edge_attr.py): for each CSR row i and edge p,
@@ -128,5 +137,5 @@ inline constexpr const char* kFusedAttentionBwdSchema =
     "int max_in_degree=-1, int max_out_degree=-1, Tensor? edge_score=None, "
     "Tensor? edge_key=None, Tensor? edge_value=None, float dropout=0., "
     "Tensor? rng_state=None, Tensor? grad_alpha=None, int attention=0, "
-    "Tensor? attention_perm=None) "
+    "Tensor? attention_perm=None, int strategy=0) "
     "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)";

@@ -337,6 +337,13 @@ class DFGraph:
         self._csc: Optional[Tuple[Tensor, Tensor, Tensor]] = csc
         self._max_out_degree: Optional[int] = None if max_out_degree is None \
             else int(max_out_degree)
+        if graph_windows is not None and self.num_src != self.num_dst:
+            # the bounds serve as the column windows too: a bipartite graph
+            # would send the backward's cols pass past its sources
+            raise ValueError(
+                f"'graph_windows' needs a graph whose sources are its "
+                f"destinations (got {self.num_src} sources, {self.num_dst} "
+                f"destinations)")
         self.graph_windows = None if graph_windows is None else (
             graph_windows[0], int(graph_windows[1]))
         self._row: Optional[Tensor] = None

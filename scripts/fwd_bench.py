@@ -8,7 +8,9 @@ backward gets the variant's row windows and, but for `smmf-plain`, the
 graph's column windows, so both of its passes stage like the forward) and
 the user-facing op's fwd+bwd through autograd; 'dot' kind, Q pre-scaled,
 H x F = 1x128 and 4x32. Variants: SMMF with graph-aligned staged windows
-(`smmf`), SMMF without (`smmf-plain`), PMF. Prints one row per (graph,
+(`smmf`), SMMF without (`smmf-plain`), PMF, and the tensor-core windows
+(`tc`; fp32 through 3xTF32) where the graph has windows of <= 128
+sources. Prints one row per (graph,
 shape, variant) with the DF-GNN anchor of shared/anchors.md. Feeds
 benchmarks/NOTES.md.
 """
@@ -78,6 +80,13 @@ def main(argv=None):
                         ('pmf', 1, None, 0)]
             if auto != 'smmf':
                 variants = variants[2:]
+            if f in (16, 32, 64, 128) and \
+                    graph.max_in_degree <= 255:  # tensor-core windows
+                tc_win, tc_span = graph.row_windows(cuda.TC_MAX_SOURCES)
+                if tc_win is not None:  # (2: the backward's TC too)
+                    sid = 2 if cuda._tc_backward_ok(graph, tc_win, 'dot', q,
+                                                    v) else 3
+                    variants.append(('tc', sid, tc_win, tc_span))
             for strat, sid, win, stage in variants:
                 cwin, cstage = (None, 0) if strat == 'smmf-plain' else (
                     col_windows, col_span)
@@ -96,7 +105,7 @@ def main(argv=None):
                         go, graph.rowptr, graph.col, colptr, csc_row,
                         csc_perm, 0, q, k, v, None, lse, 1.0, 0.2, win, stage,
                         cwin, cstage, graph.max_in_degree,
-                        graph.max_out_degree)
+                        graph.max_out_degree, strategy=sid)
 
                 t_ops = timer(ops_fwd_bwd)
                 t_fb = float('nan')

@@ -24,15 +24,33 @@ PY=${PYTHON:-python}
 declare -a SUMMARY=()
 T0=$(date +%s)
 
+# The device call's own limit is 600 s: a stage gets at most what is left
+# of DEADLINE_S, a stage past it is skipped, and the logs are packed after
+# every stage, so that a call cut short still brings back what ran.
+DEADLINE_S=${DEADLINE_S:-570}
+
+pack_logs() {
+  { echo "=== summary ($(( $(date +%s) - T0 ))s, $(head -n 1 "$LOGS/gpu.txt" 2>/dev/null))"
+    for line in "${SUMMARY[@]}"; do echo "$line"; done; } >"$LOGS/summary.txt"
+  tar -czf "$OUT/logs.tar.gz" -C "$LOGS" .
+}
+
 stage() {  # stage NAME TIMEOUT_S CMD...: run, log to $OUT/NAME.log, record rc
   local name=$1 limit=$2
   shift 2
   local t=$(date +%s)
+  local left=$(( DEADLINE_S - (t - T0) ))
+  if (( left < 15 )); then
+    SUMMARY+=("$(printf '%-12s skipped (deadline %ss)' "$name" "$DEADLINE_S")")
+    return 0
+  fi
+  (( limit > left )) && limit=$left
   echo "=== $name: $*"
   timeout --kill-after=10 "$limit" "$@" >"$LOGS/$name.log" 2>&1
   local rc=$?
   tail -n 25 "$LOGS/$name.log"
   SUMMARY+=("$(printf '%-12s rc=%-4s %4ss' "$name" "$rc" "$(( $(date +%s) - t ))")")
+  pack_logs
   return 0
 }
 
@@ -45,7 +63,7 @@ cat "$LOGS/gpu.txt"
 # The kernel sources' stamp: a library saved by one call (SAVE_LIBRARY=1 ->
 # $OUT/kernels-<stamp>.so.gz) is loaded by a later one (LIBRARY_GZ=<that
 # file, carried>) only while kernels/ is unchanged.
-STAMP=$(LC_ALL=C cat kernels/*.cu kernels/*.cuh kernels/*.cpp kernels/*.h | sha1sum | cut -c1-12)
+STAMP=$(export LC_ALL=C; cat kernels/*.cu kernels/*.cuh kernels/*.cpp kernels/*.h | sha1sum | cut -c1-12)
 if has build && [ -n "${LIBRARY_GZ:-}" ] \
     && compgen -G "$LIBRARY_GZ*" >/dev/null \
     && [[ "$(basename "$LIBRARY_GZ")" == "kernels-$STAMP.so.gz" ]]; then
@@ -107,11 +125,7 @@ if has e2e; then  # same config, backend pyg vs dfgnn, same data and epochs
     --out "$OUT" train.num_workers=4 ${E2E_ARGS:-}
 fi
 
-{
-  echo "=== summary ($(( $(date +%s) - T0 ))s, $(head -n 1 "$LOGS/gpu.txt"))"
-  for line in "${SUMMARY[@]}"; do echo "$line"; done
-} >"$LOGS/summary.txt"
-tar -czf "$OUT/logs.tar.gz" -C "$LOGS" .
+pack_logs
 cp "$LOGS/summary.txt" "$OUT/summary.txt"
 echo
 cat "$LOGS/summary.txt"

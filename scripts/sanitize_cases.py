@@ -3,7 +3,8 @@
     compute-sanitizer --tool memcheck  python scripts/sanitize_cases.py
     compute-sanitizer --tool racecheck python scripts/sanitize_cases.py
 
-Every score kind x strategy (SMMF, PMF with multi-segment rows), the 16-byte
+Every score kind x strategy (SMMF, PMF with multi-segment rows; tensor-core
+windows for 'dot'), the 16-byte
 (F = 32) and scalar (F = 17) paths, fp32 and bf16, int32 and int64 indices,
 empty rows and a super node. Build the kernels once beforehand (outside the
 sanitizer). Exits non-zero if an output is off.
@@ -35,6 +36,10 @@ CASES = [
     ('add', torch.bfloat16, 'smmf', 'batch', 4, 1, 32, None),
     ('gatv2', torch.float32, 'smmf', 'batch', 3, 17, 17, None),
     ('dot', torch.float16, 'smmf', 'batch', 1, 128, 128, None),
+    # tensor-core windows (mma fragments, count matrix in shared memory)
+    ('dot', torch.bfloat16, 'tc', 'batch', 3, 32, 32, None),
+    ('dot', torch.float16, 'tc', 'batch', 1, 128, 128, None),
+    ('dot', torch.float32, 'tc', 'batch', 2, 64, 64, None),
 ]
 
 

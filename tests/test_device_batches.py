@@ -146,7 +146,12 @@ def test_padded_shapes_are_few_and_fixed(tmp_path):
                          batch.attn_graph.num_edges)
                 assert shape in levels
                 assert batch.ptr.numel() == size + 1
-                assert batch.dfgraph.graph_windows[0].numel() == size + 2
+                bounds, span = batch.dfgraph.graph_windows
+                rows = store.max_graph_nodes
+                assert bounds.numel() == size + 1 + -(-shape[0] // rows)
+                # padding nodes too: windows of at most `span` rows
+                assert span == rows and int(bounds.diff().max()) <= rows
+                assert int(bounds[-1]) == shape[0]
                 if batch.num_graphs == size:
                     real = (n, int((batch.edge_index[0] < n).sum()),
                             int((batch.ptr.diff()**2).sum()))

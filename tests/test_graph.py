@@ -479,3 +479,17 @@ def test_csc_index_dtype_follows_the_edge_count():
     assert torch.equal(colptr, want[0])
     assert torch.equal(csc_row, want[1].long())
     assert torch.equal(csc_perm, want[2].long())
+
+
+def test_graph_windows_need_a_square_graph():
+    """graph_windows serve as the column windows too: a bipartite graph
+    given them would send the backward's cols pass past its sources."""
+    ei = torch.tensor([[0, 1, 2], [0, 3, 5]])
+    base = DFGraph.from_edge_index(ei, size=(3, 6))
+    with pytest.raises(ValueError, match='graph_windows'):
+        DFGraph(base.rowptr, base.col, base.num_src,
+                graph_windows=(torch.tensor([0, 6]), 3))
+    square = DFGraph.from_edge_index(ei, num_nodes=6)
+    graph = DFGraph(square.rowptr, square.col, 6,
+                    graph_windows=(torch.tensor([0, 6]), 6))
+    assert graph.col_windows(64)[1] == 6

@@ -616,3 +616,18 @@ def test_resume_refuses_corrupt_or_foreign_checkpoints(tmp_path, damage,
         ('backend', 'pyg'), ('num_threads', 1))]
     assert main(['train', '--cfg', str(cfg_file), *args, '--resume']) == 2
     assert 'pyg-dfgnn: error: --resume:' in capsys.readouterr().err
+
+
+def test_compile_with_the_dfgnn_backend_on_cuda_warns():
+    # measured ~20x slower than CUDA graphs (session 9): say so, once per run
+    from pyg_dfgnn.train.runner import capture_mode
+    cfg = load_config('configs/pattern-gps.yaml', [
+        'train.capture=compile', 'train.loader=device'])
+    with pytest.warns(UserWarning, match="train.capture=graphs"):
+        assert capture_mode(cfg, torch.device('cuda')) == 'compile'
+    cfg = load_config('configs/pattern-gps.yaml', [
+        'train.capture=compile', 'train.loader=device', 'backend=pyg'])
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        assert capture_mode(cfg, torch.device('cuda')) == 'compile'

@@ -27,6 +27,20 @@ from pyg_dfgnn.dispatch import SMMF
 from pyg_dfgnn.ops._loader import load_kernels
 
 KIND_IDS = {'dot': 0, 'add': 1, 'gatv2': 2}
+#: Tensor-core windows (kernels/fwd_tc_kernel.cuh): forward strategy 2,
+#: asked for explicitly; windows of at most TC_MAX_SOURCES sources.
+TC = 'tc'
+TC_MAX_SOURCES = 128
+#: Edge multiplicities of a window are counted in a byte.
+TC_MAX_DEGREE = 255
+#: Mean in-degree from which the backward's tensor-core windows beat its
+#: rows / cols passes after an SMMF forward (strategy 4, fp16 / bf16, picked
+#: when no strategy is asked for). H100, session 9: the TC backward costs
+#: ~6 ns per row whatever the row's degree, the passes ~0.25-0.6 ns per edge
+#: (TC 1.5x faster at mean in-degree 42 and 32, 1.3x slower at 7.6); even
+#: near 24 on dense batch graphs.
+TC_BWD_MIN_MEAN_DEGREE = 24
+_TC_HALF_DTYPES = (torch.float16, torch.bfloat16)
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _registered = False
 _op = None  # torch.ops.pyg_dfgnn.fused_attention.default, set by _register()
@@ -60,7 +74,8 @@ def _bwd_fake(grad_out, rowptr, col, colptr, csc_row, csc_perm, kind, query,
               stage_nodes=0, col_windows=None, col_stage_nodes=0,
               max_in_degree=-1, max_out_degree=-1, edge_score=None,
               edge_key=None, edge_value=None, dropout=0.0, rng_state=None,
-              grad_alpha=None, attention=0, attention_perm=None):
+              grad_alpha=None, attention=0, attention_perm=None,
+              strategy=0):
     def grad_of(t):
         return torch.empty_like(t) if t is not None else \
             value.new_empty((0, ))
@@ -169,35 +184,122 @@ def _col_stage_capacity(kind: str, query: Tensor, value: Tensor) -> int:
     return max(0, (_smem_optin(value) - scratch) // per_node)
 
 
+def _tc_backward_ok(graph, windows: Tensor, kind: str, query: Tensor,
+                    value: Tensor) -> bool:
+    """Whether the backward can take the tensor-core windows too
+    (kernels/bwd_tc_kernel.cuh): every window of at most TC_MAX_SOURCES
+    rows, no source shared by two windows (a block owns its sources' dK,
+    dV), D = F <= 128 (fp32: <= 64). One host sync, cached with the plan."""
+    dh = value.shape[2]
+    if kind != 'dot' or query.shape[-1] != dh or dh not in (16, 32, 64, 128) \
+            or (dh == 128 and value.dtype == torch.float32) \
+            or graph.max_in_degree > TC_MAX_DEGREE:
+        return False
+    if graph.graph_windows is not None and windows is graph.graph_windows[0]:
+        # graph boundaries of a square batch (row_windows gave them, so
+        # their span is <= TC_MAX_SOURCES): each window owns its sources and
+        # has no more rows than sources -- decided without a sync
+        return True
+    if int(windows.diff().max()) > TC_MAX_SOURCES:
+        return False
+    if graph.num_edges == 0:
+        return True
+    w = torch.searchsorted(windows[1:], graph.row, right=True)
+    n = windows.numel() - 1
+    col = graph.col.to(torch.int64)
+    lo = torch.full((n, ), graph.num_src, dtype=torch.int64,
+                    device=col.device).scatter_reduce_(0, w, col, 'amin')
+    hi = torch.full((n, ), -1, dtype=torch.int64,
+                    device=col.device).scatter_reduce_(0, w, col, 'amax')
+    used = hi >= 0
+    lo, hi = lo[used], hi[used]
+    order = lo.argsort()
+    lo, hi = lo[order], hi[order]
+    return bool((hi[:-1] < lo[1:]).all())
+
+
+def _tc_single_window(graph) -> Tuple[Optional[Tensor], int]:
+    """One window of all rows when the whole graph reads at most
+    TC_MAX_SOURCES sources (``(None, 0)`` otherwise). owner_windows finds
+    no windows in a batch of one graph (no cut), of one node or without
+    edges, although the TC kernels take any row count (chunks of 256 rows
+    in the forward; the backward's TC path wants <= 128 rows and says so
+    in _tc_backward_ok): without this, strategy 'tc' raised for those
+    batches (test_tc_batches draws them). One host sync, cached."""
+    key = ('tc-single', TC_MAX_SOURCES)
+    cache = graph._windows
+    if key not in cache:
+        span = 0
+        if graph.num_edges > 0:
+            col = graph.col
+            span = int(col.max()) - int(col.min()) + 1
+        cache[key] = (None, 0) if span > TC_MAX_SOURCES else (
+            torch.tensor([0, graph.num_dst], dtype=torch.int64,
+                         device=graph.rowptr.device), span)
+    return cache[key]
+
+
+def _check_tc(kind: str, query: Tensor, value: Tensor,
+              features: bool) -> None:
+    """What strategy 'tc' takes, as a Python error (the kernels' host
+    entries check it again)."""
+    dh = value.shape[2]
+    if kind != 'dot' or query.shape[-1] != dh or dh not in (16, 32, 64, 128):
+        raise ValueError(
+            f"strategy '{TC}' (tensor-core windows) takes the 'dot' kind with "
+            f"D = F in (16, 32, 64, 128) (got '{kind}', D = "
+            f"{query.shape[-1] if kind != 'add' else 1}, F = {dh})")
+    if features:
+        raise ValueError(
+            f"strategy '{TC}' (tensor-core windows) takes no edge terms, "
+            f"dropout or attention weights: leave 'strategy' unset")
+
+
 _PLANS_ATTR = '_dfgnn_cuda_plans'
+
 Plan = Tuple[int, int, Optional[Tensor], int, Optional[Tensor], int, int]
 
 
+def _tc_backward_pays(graph, kind: str, query: Tensor, value: Tensor) -> bool:
+    """Whether an SMMF forward should hand its backward to the tensor-core
+    windows (strategy 4): fp16 / bf16 'dot' with D = F the TC kernels take,
+    dense enough (TC_BWD_MIN_MEAN_DEGREE), multiplicities within a byte.
+    Shapes and host-known bounds only (no sync)."""
+    return (kind == 'dot' and value.dtype in _TC_HALF_DTYPES
+            and query.shape[-1] == value.shape[2]
+            and value.shape[2] in (16, 32, 64, 128)
+            and graph.num_dst > 0 and graph.max_in_degree <= TC_MAX_DEGREE
+            and graph.num_edges >= TC_BWD_MIN_MEAN_DEGREE * graph.num_dst)
+
+
 def _plan(graph, kind: str, query: Tensor, value: Tensor,
-          strategy: Optional[str], backward: bool = False) -> Plan:
+          strategy: Optional[str], backward: bool = False,
+          features: bool = False) -> Plan:
     """``(strategy id, max_in_degree, windows, stage_nodes, col_windows,
     col_stage_nodes, max_out_degree)``: the launch arguments that depend only on the graph
     and the feature shapes, cached on the graph per shape (the eager hot
     path then does one dict lookup). The column windows of the backward's
     cols pass are built only when a ``backward`` will run (else ``None,
     0``); ``max_out_degree`` (one host sync per graph) only then too (else
-    -1)."""
+    -1). ``features``: a training feature (edge terms, dropout, attention
+    weights) is on, which only SMMF / PMF take."""
     plans = getattr(graph, _PLANS_ATTR, None)
     if plans is None:
         plans = {}
         setattr(graph, _PLANS_ATTR, plans)
     # The device is in the key: DFGraph.to() copies attributes, this dict too.
     key = (kind, value.shape[1], value.shape[2], query.shape[-1],
-           value.dtype, value.device, strategy, backward)
+           value.dtype, value.device, strategy, backward, features)
     plan = plans.get(key)
     if plan is not None:
         return plan
+    chosen = strategy is None
     if strategy is None:
         strategy = graph.strategy(value.shape[1])
-    if strategy not in ('smmf', 'pmf'):
-        raise ValueError(f"'strategy' must be 'smmf' or 'pmf' "
+    if strategy not in ('smmf', 'pmf', TC):
+        raise ValueError(f"'strategy' must be 'smmf', 'pmf' or '{TC}' "
                          f"(got '{strategy}')")
-    sid = 0 if strategy == SMMF else 1
+    sid = {SMMF: 0, 'pmf': 1, TC: 3}[strategy]
     compiling = torch.compiler.is_compiling()
     if compiling and getattr(graph, 'graph_windows', None) is None:
         # Building windows syncs with the host (a graph break): a graph first
@@ -207,9 +309,31 @@ def _plan(graph, kind: str, query: Tensor, value: Tensor,
     # (A graph that brings its windows -- the device loader's batches, with
     # their degree bounds -- gives them without a sync, traced too.)
     windows, stage_nodes = None, 0
-    if strategy == SMMF:
-        windows, stage_nodes = graph.row_windows(
-            _stage_capacity(kind, query, value))
+    if strategy == TC:
+        # (the kernel checks kind, dtype and sizes; the windows are the
+        # graph's to give)
+        windows, stage_nodes = graph.row_windows(TC_MAX_SOURCES)
+        if windows is None:
+            windows, stage_nodes = _tc_single_window(graph)
+        if windows is None:
+            raise ValueError(
+                f"strategy '{TC}' needs row windows of at most "
+                f"{TC_MAX_SOURCES} source nodes each (a batch of small "
+                f"graphs); this graph has none")
+        if backward and _tc_backward_ok(graph, windows, kind, query, value):
+            sid = 2  # the backward's tensor-core windows too
+    elif strategy == SMMF:
+        if chosen and backward and not features and \
+                _tc_backward_pays(graph, kind, query, value):
+            windows, stage_nodes = graph.row_windows(TC_MAX_SOURCES)
+            if windows is not None and _tc_backward_ok(graph, windows, kind,
+                                                       query, value):
+                sid = 4  # SMMF forward on the TC windows, TC backward
+            else:
+                windows = None
+        if sid != 4:
+            windows, stage_nodes = graph.row_windows(
+                _stage_capacity(kind, query, value))
     col_windows, col_stage_nodes, max_out_degree = None, 0, -1
     if backward:
         col_windows, col_stage_nodes = graph.col_windows(
@@ -245,7 +369,10 @@ def fused_attention_cuda(graph, kind: str, value: Tensor, query: Tensor,
                          attention_perm: Optional[Tensor] = None):
     """Fused attention on CUDA tensors (inputs already validated by
     :func:`pyg_dfgnn.ops.check_inputs`). ``strategy`` overrides the SMMF /
-    PMF rule (``'smmf'`` or ``'pmf'``; tests use it).
+    PMF rule (``'smmf'`` or ``'pmf'``; tests use it) or asks for the
+    tensor-core windows of the forward (``'tc'``: 'dot', D = F in {16, 32,
+    64, 128}, no training features, fp32 through 3xTF32; an error
+    otherwise).
 
     ``dropout`` is the active drop probability (0 outside training);
     ``attention`` (``'before_dropout'`` / ``'after_dropout'``) also returns
@@ -275,7 +402,11 @@ def fused_attention_cuda(graph, kind: str, value: Tensor, query: Tensor,
     backward = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad
         for t in (value, query, key, att, edge_score, edge_key, edge_value))
-    plan = _plan(graph, kind, query, value, strategy, backward)
+    features = edge_score is not None or edge_key is not None or \
+        edge_value is not None or dropout > 0 or attention is not None
+    if strategy == TC:
+        _check_tc(kind, query, value, features)
+    plan = _plan(graph, kind, query, value, strategy, backward, features)
     colptr = csc_row = csc_perm = None
     if backward:
         colptr, csc_row, csc_perm = graph.csc()

@@ -401,9 +401,17 @@ class GraphStore:
         out['batch'] = batch
         out['ptr'] = ptr
         # Window bounds: graph starts, empty windows for unused slots, then
-        # the padding segment (empty without padding).
-        bounds = torch.cat([off, off.new_full((slots - b + 1, ), n),
-                            off.new_full((1, ), n_pad)])
+        # the padding nodes in windows of at most max_graph_nodes rows (each
+        # reads only itself). As one window they were one block's serial
+        # tail of up to a third of the batch's rows (with up to max_nodes
+        # self-loops each in the attention graph) and broke the windows'
+        # span. Their count depends on n_pad only: a captured shape keeps
+        # the shape of its bounds (empty windows past n_pad).
+        rows = max(1, self.max_graph_nodes)
+        k = -(-n_pad // rows) if pad else 1
+        bounds = torch.cat([
+            off, off.new_full((slots - b + 1, ), n),
+            (n + rows * torch.arange(1, k + 1, device=dev)).clamp_(max=n_pad)])
         idx_dtype = self._src.dtype
         if dfgraph:
             if not self.sorted:

@@ -1,0 +1,270 @@
+// Tensor-core windows, backward ('dot' kind, no training features): a block
+// per row window whose rows and sources each number at most 128 and whose
+// source range no other window shares (the host checks both), so that the
+// block owns its rows' dQ and its sources' dK, dV: no atomics, deterministic.
+// Per head, from the forward's lse (p = cnt exp(s - lse), cnt the edge
+// multiplicity as in the forward):
+//   A. 16-row strips (a warp each): S = Q K^T, dP = dO V^T, D = rowsum(P dP),
+//      dS = P (dP - D), dQ = scale dS K;
+//   B. 16-source strips: S^T = K Q^T, dP^T = V dO^T (the same numbers, the
+//      other way round), dV = P^T dO, dK = scale dS^T Q.
+// Both products of a phase come from NK rows staged in shared memory (K, V
+// and K^T for A; Q, dO, Q^T and dO^T for B); the strip's own rows are read
+// from global memory as A fragments. fp32 runs 3xTF32 (mma_tiles.cuh).
+#pragma once
+
+#include "bwd_common.cuh"
+#include "mma_tiles.cuh"
+
+namespace pyg_dfgnn {
+namespace bwd {
+
+constexpr int kTcMax = 128;   // rows and sources of one window
+constexpr int kTcWarps = 8;
+constexpr int kTcThreads = kTcWarps * kWarpSize;
+constexpr int kTcTiles = kTcMax / 8;
+
+template <typename T>
+struct TcBwdArgs {
+  const int64_t* __restrict__ rowptr;
+  const int32_t* __restrict__ col;
+  const T* __restrict__ q;
+  const T* __restrict__ k;
+  const T* __restrict__ v;
+  const T* __restrict__ dout;
+  const float* __restrict__ lse;
+  T* __restrict__ dq;
+  T* __restrict__ dk;  // zeros first (sources outside every window)
+  T* __restrict__ dv;
+  int H;
+  float scale;
+};
+
+// Shared memory (bytes, 16-byte aligned): 4 operand slots of kTcMax x (DH +
+// pad) elements ([128][DH + pad] NK rows or [DH][128 + pad] transposed ones,
+// whichever is larger) | counts [128][128] uint8 | lse, D fp32 [128] each |
+// block scalars.
+struct TcBwdLayout {
+  size_t slot, cnt, lse, d, scalars, total;
+};
+__host__ __device__ inline TcBwdLayout tc_bwd_layout(int DH, size_t elem) {
+  const int pad = (int)(16 / elem);
+  const size_t a = (size_t)kTcMax * (DH + pad), b = (size_t)DH * (kTcMax + pad);
+  TcBwdLayout L;
+  L.slot = align16((a > b ? a : b) * elem);
+  L.cnt = 4 * L.slot;
+  L.lse = L.cnt + (size_t)kTcMax * kTcMax;
+  L.d = L.lse + kTcMax * 4;
+  L.scalars = L.d + kTcMax * 4;
+  L.total = L.scalars + 16;
+  return L;
+}
+
+template <typename T, int DH>
+__global__ void __launch_bounds__(kTcThreads, 1)
+    tc_bwd_kernel(TcBwdArgs<T> a, const int64_t* __restrict__ windows) {
+  using M = MmaTile<T>;
+  constexpr bool kTf32 = M::kTf32;
+  constexpr int kK = M::kK, kPad = (int)(16 / sizeof(T));
+  constexpr int NS = DH + kPad;      // stride of NK rows [128][DH]
+  constexpr int TS = kTcMax + kPad;  // stride of transposed rows [DH][128]
+  constexpr int kOut = DH / 8;       // n-tiles of a [16 x DH] result
+  extern __shared__ __align__(16) unsigned char smem[];
+  const TcBwdLayout L = tc_bwd_layout(DH, sizeof(T));
+  T* slot[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) slot[i] = reinterpret_cast<T*>(smem + i * L.slot);
+  unsigned char* s_cnt = smem + L.cnt;
+  float* s_lse = reinterpret_cast<float*>(smem + L.lse);
+  float* s_d = reinterpret_cast<float*>(smem + L.d);
+  int* s_lo = reinterpret_cast<int*>(smem + L.scalars);
+
+  const int H = a.H, HD = H * DH;
+  const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
+  const int g = lane / 4, q4 = lane % 4;
+  const int64_t r_begin = windows[blockIdx.x], r_end = windows[blockIdx.x + 1];
+  const int n_rows = (int)(r_end - r_begin);
+
+  if (tid == 0) s_lo[0] = INT32_MAX, s_lo[1] = -1;
+  int src_lo = 0;
+  const int n_src = block_index_span(a.col, a.rowptr[r_begin],
+                                     a.rowptr[r_end], s_lo, src_lo);
+  if (n_src > kTcMax || n_rows > kTcMax) __trap();  // the host rules it out
+  const int src_tiles = (n_src + 7) / 8, row_tiles = (n_rows + 7) / 8;
+  const int src_pad = (n_src + 15) / 16 * 16, row_pad = (n_rows + 15) / 16 * 16;
+
+  // ---- counts cnt[row][source - lo]
+  uint32_t* cnt_words = reinterpret_cast<uint32_t*>(s_cnt);
+  for (int i = tid; i < kTcMax * kTcMax / 4; i += kTcThreads) cnt_words[i] = 0u;
+  __syncthreads();
+  for (int r = warp; r < n_rows; r += kTcWarps)
+    for (int64_t e = a.rowptr[r_begin + r] + lane;
+         e < a.rowptr[r_begin + r + 1]; e += kWarpSize) {
+      const int c = a.col[e] - src_lo;
+      atomicAdd(&cnt_words[(r * kTcMax + c) / 4], 1u << (8 * (c % 4)));
+    }
+
+  // Stage rows [0, n_pad) of X (row i at X + (base + i) * HD + h * DH; zeros
+  // past n) as NK rows (fp32: permuted within 8-tiles) and, if `t`, as
+  // transposed rows t[d][i] in true order.
+  auto stage = [&](const T* x, int64_t base, int n, int n_pad, int h, T* nk,
+                   T* t) {
+    for (int i = tid; i < n_pad * DH; i += kTcThreads) {
+      const int j = i / DH, d = i - (i / DH) * DH;
+      T val = from_float<T>(0.f);
+      if (j < n) val = x[(base + j) * HD + h * DH + d];
+      nk[(kTf32 ? tc_staged_row(j) : j) * NS + d] = val;
+      if (t != nullptr) t[d * TS + j] = val;
+    }
+  };
+  // Window index (source in A, row in B) of accumulator element i of
+  // 8-tile t.
+  auto index_of = [&](int t, int i) { return t * 8 + M::column(q4, i); };
+  // acc = x B over the used 8-tiles of k (x: accumulator tiles reused as A
+  // fragments; B's column g of n-tile nt at the transposed rows `nk`),
+  // stored times `sc` to rows a / b of `out`.
+  auto product = [&](const float (&x)[kTcTiles][4], int k_tiles,
+                     const T* nk, T* out, int64_t at_a, int64_t at_b,
+                     bool ok_a, bool ok_b, float sc) {
+    float acc[kOut][4];
+#pragma unroll
+    for (int nt = 0; nt < kOut; ++nt)
+      acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+#pragma unroll
+    for (int t = 0; t < kTcTiles; t += kK / 8)
+      if (t < k_tiles) {
+        const typename M::A fa = M::acc_to_a(x[t], x[kTf32 ? t : t + 1]);
+#pragma unroll
+        for (int nt = 0; nt < kOut; ++nt)
+          M::mma(acc[nt], fa, nk + (nt * 8 + g) * TS, t * 8, q4);
+      }
+#pragma unroll
+    for (int nt = 0; nt < kOut; ++nt) {
+      const int f = nt * 8 + 2 * q4;
+      float xa[2] = {acc[nt][0] * sc, acc[nt][1] * sc};
+      float xb[2] = {acc[nt][2] * sc, acc[nt][3] * sc};
+      if (ok_a) store_vec<T, 2>(out + at_a + f, xa);
+      if (ok_b) store_vec<T, 2>(out + at_b + f, xb);
+    }
+  };
+
+  for (int h = 0; h < H; ++h) {
+    // ================================================= A: row strips
+    __syncthreads();  // counts done; the previous head's phase B is done
+    stage(a.k, src_lo, n_src, src_pad, h, slot[0], slot[2]);
+    stage(a.v, src_lo, n_src, src_pad, h, slot[1], nullptr);
+    for (int r = tid; r < n_rows; r += kTcThreads)
+      s_lse[r] = a.lse[(r_begin + r) * H + h];
+    __syncthreads();
+    for (int r0 = warp * 16; r0 < n_rows; r0 += kTcWarps * 16) {
+      const bool ok_a = r0 + g < n_rows, ok_b = r0 + g + 8 < n_rows;
+      const int64_t row_a = r_begin + r0 + g, row_b = row_a + 8;
+      const T* qa = ok_a ? a.q + row_a * HD + h * DH : nullptr;
+      const T* qb = ok_b ? a.q + row_b * HD + h * DH : nullptr;
+      const T* oa = ok_a ? a.dout + row_a * HD + h * DH : nullptr;
+      const T* ob = ok_b ? a.dout + row_b * HD + h * DH : nullptr;
+      float s[kTcTiles][4], dp[kTcTiles][4];
+#pragma unroll
+      for (int t = 0; t < kTcTiles; ++t)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[t][i] = dp[t][i] = 0.f;
+#pragma unroll
+      for (int k0 = 0; k0 < DH; k0 += kK) {
+        const typename M::A fq = M::load_a(qa, qb, k0, q4);
+        const typename M::A fo = M::load_a(oa, ob, k0, q4);
+#pragma unroll
+        for (int t = 0; t < kTcTiles; ++t)
+          if (t < src_tiles) {
+            M::mma(s[t], fq, slot[0] + (t * 8 + g) * NS, k0, q4);
+            M::mma(dp[t], fo, slot[1] + (t * 8 + g) * NS, k0, q4);
+          }
+      }
+      const float lse_a = ok_a ? s_lse[r0 + g] : 0.f;
+      const float lse_b = ok_b ? s_lse[r0 + g + 8] : 0.f;
+      const unsigned char* ca = s_cnt + (r0 + g) * kTcMax;
+      const unsigned char* cb = ca + 8 * kTcMax;
+      float d_a = 0.f, d_b = 0.f;
+#pragma unroll
+      for (int t = 0; t < kTcTiles; ++t)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const bool ok = t < src_tiles && (i < 2 ? ok_a : ok_b);
+          const unsigned c = ok ? (i < 2 ? ca : cb)[index_of(t, i)] : 0u;
+          const float p =
+              c > 0 ? (float)c * expf(s[t][i] * a.scale - (i < 2 ? lse_a : lse_b))
+                    : 0.f;
+          s[t][i] = p;
+          if (i < 2) d_a = fmaf(p, dp[t][i], d_a);
+          else d_b = fmaf(p, dp[t][i], d_b);
+        }
+#pragma unroll
+      for (int o = 1; o <= 2; o <<= 1) {
+        d_a += __shfl_xor_sync(kFullMask, d_a, o);
+        d_b += __shfl_xor_sync(kFullMask, d_b, o);
+      }
+      if (q4 == 0) {
+        if (ok_a) s_d[r0 + g] = d_a;
+        if (ok_b) s_d[r0 + g + 8] = d_b;
+      }
+#pragma unroll
+      for (int t = 0; t < kTcTiles; ++t)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          s[t][i] *= dp[t][i] - (i < 2 ? d_a : d_b);  // ds
+      // dQ = scale dS K (k over sources: K^T rows in slot 2)
+      product(s, src_tiles, slot[2], a.dq, row_a * HD + h * DH,
+              row_b * HD + h * DH, ok_a, ok_b, a.scale);
+    }
+
+    // ================================================= B: source strips
+    __syncthreads();  // phase A done with the slots; D complete
+    stage(a.q, r_begin, n_rows, row_pad, h, slot[0], slot[2]);
+    stage(a.dout, r_begin, n_rows, row_pad, h, slot[1], slot[3]);
+    __syncthreads();
+    for (int c0 = warp * 16; c0 < n_src; c0 += kTcWarps * 16) {
+      const bool ok_a = c0 + g < n_src, ok_b = c0 + g + 8 < n_src;
+      const int64_t src_a = src_lo + c0 + g, src_b = src_a + 8;
+      const T* ka = ok_a ? a.k + src_a * HD + h * DH : nullptr;
+      const T* kb = ok_b ? a.k + src_b * HD + h * DH : nullptr;
+      const T* va = ok_a ? a.v + src_a * HD + h * DH : nullptr;
+      const T* vb = ok_b ? a.v + src_b * HD + h * DH : nullptr;
+      float s[kTcTiles][4], dp[kTcTiles][4];  // S^T, dP^T: rows = sources
+#pragma unroll
+      for (int t = 0; t < kTcTiles; ++t)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[t][i] = dp[t][i] = 0.f;
+#pragma unroll
+      for (int k0 = 0; k0 < DH; k0 += kK) {
+        const typename M::A fk = M::load_a(ka, kb, k0, q4);
+        const typename M::A fv = M::load_a(va, vb, k0, q4);
+#pragma unroll
+        for (int t = 0; t < kTcTiles; ++t)
+          if (t < row_tiles) {
+            M::mma(s[t], fk, slot[0] + (t * 8 + g) * NS, k0, q4);
+            M::mma(dp[t], fv, slot[1] + (t * 8 + g) * NS, k0, q4);
+          }
+      }
+#pragma unroll
+      for (int t = 0; t < kTcTiles; ++t)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int r = index_of(t, i);  // window row of this column
+          const bool ok = t < row_tiles && r < n_rows && (i < 2 ? ok_a : ok_b);
+          const unsigned c =
+              ok ? s_cnt[r * kTcMax + c0 + g + (i < 2 ? 0 : 8)] : 0u;
+          const float p =
+              c > 0 ? (float)c * expf(s[t][i] * a.scale - s_lse[r]) : 0.f;
+          s[t][i] = p;
+          dp[t][i] = c > 0 ? p * (dp[t][i] - s_d[r]) : 0.f;  // ds
+        }
+      // dV = P^T dO (dO^T rows in slot 3), dK = scale dS^T Q (Q^T in 2)
+      product(s, row_tiles, slot[3], a.dv, src_a * HD + h * DH,
+              src_b * HD + h * DH, ok_a, ok_b, 1.f);
+      product(dp, row_tiles, slot[2], a.dk, src_a * HD + h * DH,
+              src_b * HD + h * DH, ok_a, ok_b, a.scale);
+    }
+  }
+}
+
+}  // namespace bwd
+}  // namespace pyg_dfgnn

@@ -1,0 +1,217 @@
+// Tensor-core windows (forward; 'dot' kind, no training features): a block
+// per graph-aligned row window whose sources span at most
+// kTcMaxSrc nodes (DFGraph.row_windows(kTcMaxSrc)). The window's adjacency
+// becomes a dense [rows][kTcMaxSrc] count matrix in shared memory (edge
+// multiplicities, so multigraphs stay exact); per head, the sources' K rows
+// and V columns are staged once, and each warp takes 16 rows at a time:
+//   S = scale * Q K^T          fp16 / bf16: mma.m16n8k16; fp32: 3xTF32
+//                              (three mma.m16n8k8 per product on the hi /
+//                              lo tf32 halves: about fp32 accuracy); fp32
+//                              accumulators; Q fragments read from global
+//                              memory once per head
+//   p = cnt * exp(S - max)     in registers, masked where cnt == 0
+//   O = P V / sum(p)           P's A fragments are S's accumulators (fp32:
+//                              the sources of each 8-tile staged in the
+//                              order that makes them so; fp16 / bf16: P
+//                              rounded to the input type)
+// lse = max + log(sum + 1e-16) (-inf for an empty row) and O follow SMMF's
+// conventions, so either backward (the rows / cols passes, or the TC
+// windows of bwd_tc_kernel.cuh) takes it.
+// A whole row of scores lives in registers (16 accumulator tiles of 8
+// sources): no online softmax, one pass over K and V.
+#pragma once
+
+#include "fwd_common.cuh"
+#include "mma_tiles.cuh"
+#include "row_tiles.cuh"
+
+namespace pyg_dfgnn {
+namespace fwd {
+
+constexpr int kTcMaxSrc = 128;     // sources of one window (S in registers)
+constexpr int kTcMaxRows = 256;    // rows per count-matrix chunk
+constexpr int kTcWarps = 8;        // 16 rows each per step
+constexpr int kTcThreads = kTcWarps * kWarpSize;
+constexpr int kTcSrcTiles = kTcMaxSrc / 8;  // n-tiles of S
+constexpr int kTcMaxDegree = 255;  // multiplicities fit a byte
+
+// Shared memory of a TC block (byte offsets, 16-byte aligned): K rows of
+// the head [kTcMaxSrc][DH + pad] T | V columns of the head [DH][kTcMaxSrc +
+// pad] T | counts [kTcMaxRows][kTcMaxSrc] uint8 | block scalars. The pads
+// (16 bytes) spread a fragment's rows over the banks.
+struct TcLayout {
+  size_t vt, cnt, scalars, total;
+};
+__host__ __device__ inline TcLayout tc_layout(int DH, size_t elem) {
+  const int pad = (int)(16 / elem);
+  TcLayout L;
+  L.vt = align16((size_t)kTcMaxSrc * (DH + pad) * elem);
+  L.cnt = align16(L.vt + (size_t)DH * (kTcMaxSrc + pad) * elem);
+  L.scalars = L.cnt + (size_t)kTcMaxRows * kTcMaxSrc;
+  L.total = L.scalars + 16;
+  return L;
+}
+
+// One window per block: rows windows[b] .. windows[b + 1]; DH = D = F.
+template <typename T, int DH>
+__global__ void __launch_bounds__(kTcThreads, 1)
+    tc_fwd_kernel(FwdArgs<T, int32_t> a, const int64_t* __restrict__ windows) {
+  static_assert(DH % 16 == 0 && DH <= 128, "DH: 16, 32, 64 or 128");
+  using M = MmaTile<T>;
+  constexpr bool kTf32 = M::kTf32;
+  constexpr int kK = M::kK;
+  constexpr int kPad = (int)(16 / sizeof(T));
+  constexpr int KS = DH + kPad, VS = kTcMaxSrc + kPad;  // (tc_layout's)
+  constexpr int kOutTiles = DH / 8;        // n-tiles of O
+  extern __shared__ __align__(16) unsigned char smem[];
+  const TcLayout L = tc_layout(DH, sizeof(T));
+  T* s_k = reinterpret_cast<T*>(smem);
+  T* s_vt = reinterpret_cast<T*>(smem + L.vt);
+  unsigned char* s_cnt = smem + L.cnt;
+  int* s_lo = reinterpret_cast<int*>(smem + L.scalars);
+
+  const int H = a.H, HD = H * DH;
+  const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
+  const int g = lane / 4, q4 = lane % 4;  // fragment row group / quad lane
+  const int64_t w_begin = windows[blockIdx.x], w_end = windows[blockIdx.x + 1];
+
+  if (tid == 0) s_lo[0] = INT32_MAX, s_lo[1] = -1;
+  int src_lo = 0;
+  const int n_src = block_index_span(a.col, a.rowptr[w_begin],
+                                     a.rowptr[w_end], s_lo, src_lo);
+  if (n_src > kTcMaxSrc) __trap();  // the host dispatch rules this out
+  // Source 8-tiles in use; staged with zeros up to 16 sources.
+  const int n_tiles8 = (n_src + 7) / 8, n_pad = (n_src + 15) / 16 * 16;
+
+  for (int64_t c_begin = w_begin; c_begin < w_end; c_begin += kTcMaxRows) {
+    const int n_rows =
+        (int)(w_end - c_begin < kTcMaxRows ? w_end - c_begin : kTcMaxRows);
+    // ---- counts of the chunk's edges: cnt[row][source - lo]
+    __syncthreads();  // the previous chunk is done with s_cnt
+    uint32_t* cnt_words = reinterpret_cast<uint32_t*>(s_cnt);
+    for (int i = tid; i < kTcMaxRows * kTcMaxSrc / 4; i += kTcThreads)
+      cnt_words[i] = 0u;
+    __syncthreads();
+    for (int r = warp; r < n_rows; r += kTcWarps) {
+      const int64_t row = c_begin + r;
+      for (int64_t e = a.rowptr[row] + lane; e < a.rowptr[row + 1];
+           e += kWarpSize) {
+        const int c = a.col[e] - src_lo;
+        atomicAdd(&cnt_words[(r * kTcMaxSrc + c) / 4], 1u << (8 * (c % 4)));
+      }
+    }
+
+    for (int h = 0; h < H; ++h) {
+      // ---- stage K rows (NK rows of S; fp32: permuted within 8-tiles) and
+      // V columns (NK rows of P V) of head h, zeros past n_src (masked
+      // products stay 0, not NaN)
+      __syncthreads();  // counts written; the previous head is done
+      for (int i = tid; i < n_pad * DH; i += kTcThreads) {
+        const int j = i / DH, d = i - (i / DH) * DH;
+        T kv = from_float<T>(0.f), vv = from_float<T>(0.f);
+        if (j < n_src) {
+          const int64_t at = (int64_t)(src_lo + j) * HD + h * DH + d;
+          kv = a.k[at];
+          vv = a.v[at];
+        }
+        s_k[(kTf32 ? tc_staged_row(j) : j) * KS + d] = kv;
+        s_vt[d * VS + j] = vv;
+      }
+      __syncthreads();
+
+      for (int r0 = warp * 16; r0 < n_rows; r0 += kTcWarps * 16) {
+        const int64_t row_a = c_begin + r0 + g, row_b = row_a + 8;
+        const bool ok_a = r0 + g < n_rows, ok_b = r0 + g + 8 < n_rows;
+        const T* qa = ok_a ? a.q + row_a * HD + h * DH : nullptr;
+        const T* qb = ok_b ? a.q + row_b * HD + h * DH : nullptr;
+        // ---- S = Q K^T over the used source tiles
+        float s[kTcSrcTiles][4];
+#pragma unroll
+        for (int t = 0; t < kTcSrcTiles; ++t)
+          s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
+#pragma unroll
+        for (int k0 = 0; k0 < DH; k0 += kK) {
+          const typename M::A fq = M::load_a(qa, qb, k0, q4);
+#pragma unroll
+          for (int t = 0; t < kTcSrcTiles; ++t)
+            if (t < n_tiles8) M::mma(s[t], fq, s_k + (t * 8 + g) * KS, k0, q4);
+        }
+        // ---- mask, row max (rows g and g + 8: a quad holds a row)
+        const unsigned char* ca = s_cnt + (r0 + g) * kTcMaxSrc;
+        const unsigned char* cb = ca + 8 * kTcMaxSrc;
+        float m_a = -INFINITY, m_b = -INFINITY;
+#pragma unroll
+        for (int t = 0; t < kTcSrcTiles; ++t) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const bool ok = t < n_tiles8 && (i < 2 ? ok_a : ok_b);
+            const unsigned cnt =
+                ok ? (i < 2 ? ca : cb)[t * 8 + M::column(q4, i)] : 0u;
+            s[t][i] = cnt > 0 ? s[t][i] * a.scale : -INFINITY;
+          }
+          m_a = fmaxf(m_a, fmaxf(s[t][0], s[t][1]));
+          m_b = fmaxf(m_b, fmaxf(s[t][2], s[t][3]));
+        }
+#pragma unroll
+        for (int o = 1; o <= 2; o <<= 1) {
+          m_a = fmaxf(m_a, __shfl_xor_sync(kFullMask, m_a, o));
+          m_b = fmaxf(m_b, __shfl_xor_sync(kFullMask, m_b, o));
+        }
+        // ---- p = cnt * exp(s - m) (0 where masked; empty rows: all 0)
+        float l_a = 0.f, l_b = 0.f;
+#pragma unroll
+        for (int t = 0; t < kTcSrcTiles; ++t) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            float p = 0.f;
+            if (s[t][i] != -INFINITY)
+              p = (float)(i < 2 ? ca : cb)[t * 8 + M::column(q4, i)] *
+                  expf(s[t][i] - (i < 2 ? m_a : m_b));
+            s[t][i] = p;
+          }
+          l_a += s[t][0] + s[t][1];
+          l_b += s[t][2] + s[t][3];
+        }
+#pragma unroll
+        for (int o = 1; o <= 2; o <<= 1) {
+          l_a += __shfl_xor_sync(kFullMask, l_a, o);
+          l_b += __shfl_xor_sync(kFullMask, l_b, o);
+        }
+        // ---- O = P V: P's A fragments are S's accumulators
+        float o[kOutTiles][4];
+#pragma unroll
+        for (int nt = 0; nt < kOutTiles; ++nt)
+          o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
+#pragma unroll
+        for (int t = 0; t < kTcSrcTiles; t += kK / 8)
+          if (t < n_tiles8) {
+            const typename M::A fp = M::acc_to_a(s[t], s[kTf32 ? t : t + 1]);
+#pragma unroll
+            for (int nt = 0; nt < kOutTiles; ++nt)
+              M::mma(o[nt], fp, s_vt + (nt * 8 + g) * VS, t * 8, q4);
+          }
+        // ---- out = O / l (features nt * 8 + 2 q4, + 1), lse
+        const float inv_a = 1.f / (l_a + 1e-16f), inv_b = 1.f / (l_b + 1e-16f);
+#pragma unroll
+        for (int nt = 0; nt < kOutTiles; ++nt) {
+          const int f = h * DH + nt * 8 + q4 * 2;
+          float va[2] = {o[nt][0] * inv_a, o[nt][1] * inv_a};
+          float vb[2] = {o[nt][2] * inv_b, o[nt][3] * inv_b};
+          if (ok_a) store_vec<T, 2>(a.out + row_a * HD + f, va);
+          if (ok_b) store_vec<T, 2>(a.out + row_b * HD + f, vb);
+        }
+        if (q4 == 0) {
+          if (ok_a)
+            a.lse[row_a * H + h] =
+                m_a != -INFINITY ? m_a + logf(l_a + 1e-16f) : -INFINITY;
+          if (ok_b)
+            a.lse[row_b * H + h] =
+                m_b != -INFINITY ? m_b + logf(l_b + 1e-16f) : -INFINITY;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace fwd
+}  // namespace pyg_dfgnn

@@ -1,0 +1,170 @@
+// Warp-level tensor-core tiles of the TC window kernels (mma.sync, sm_80+):
+// C[16 x 8] += A[16 x k] B[k x 8] with fp32 accumulators.
+//   fp16 / bf16: mma.m16n8k16, k = 16, operands packed in pairs;
+//   fp32: 3xTF32, mma.m16n8k8, k = 8: each operand split into tf32 hi + lo
+//         halves, a b = lo_a hi_b + hi_a lo_b + hi_a hi_b (lo lo is below
+//         fp32's rounding): about fp32 accuracy at three mma per product.
+// Fragments (g = lane / 4, q = lane % 4): C holds rows (g, g + 8) x columns
+// (2 q, 2 q + 1). A holds rows (g, g + 8) x k (2 q, 2 q + 1, + 8) for k = 16
+// and (q, q + 4) for k = 8; B holds k (same as A's) x column g.
+// Operands live as "NK" rows: element (n, k) of B at base[n * stride + k]
+// (K rows for Q K^T; V^T rows for P V), A as row-major [m][k] rows.
+//
+// An accumulator tile reused as an A fragment (P from S, dS ...) needs its
+// columns to be A's k-slots: for k = 16 they are (2 q, 2 q + 1) of two
+// adjacent tiles, as they come; for fp32 (k = 8: slots q, q + 4) the NK rows
+// that produced the columns are staged permuted within each 8-tile
+// (tc_staged_row), so that column (2 q + i) is index q + 4 i.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "numeric.cuh"
+
+namespace pyg_dfgnn {
+
+// ------------------------------------------------------------ instructions
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack2<at::Half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<at::BFloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
+                                          uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void mma_16816<at::Half>(float (&d)[4],
+                                                    const uint32_t (&a)[4],
+                                                    uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma_16816<at::BFloat16>(
+    float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// fp32 as tf32 (round to nearest; the low 13 mantissa bits cleared).
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+// x = hi + lo, both tf32.
+__device__ __forceinline__ void split_tf32(float x, uint32_t& hi,
+                                           uint32_t& lo) {
+  hi = to_tf32(x);
+  lo = to_tf32(x - __uint_as_float(hi));
+}
+__device__ __forceinline__ void mma_1688_tf32(float (&d)[4],
+                                              const uint32_t (&a)[4],
+                                              uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// fp32 path: staged row p of an 8-tile of NK rows holds index sigma(p), so
+// that accumulator columns (2 q, 2 q + 1) are the indices (q, q + 4).
+__host__ __device__ inline int tc_staged_row(int j) {
+  return (j & ~7) | ((j & 3) << 1) | ((j >> 2) & 1);
+}
+
+// ------------------------------------------------------------ tiles
+// MmaTile<T>: the fragments and the product of one dtype.
+template <typename T>
+struct MmaTile {
+  static constexpr bool kTf32 = std::is_same<T, float>::value;
+  static constexpr int kK = kTf32 ? 8 : 16;  // k of one product
+  // A fragment: fp32 keeps the split halves, fp16 / bf16 the pairs.
+  struct A {
+    uint32_t hi[4];
+    uint32_t lo[4];  // (fp32 only)
+  };
+
+  // Index (within its 8-tile's origin) of accumulator element i (0..3):
+  // column 2 q + (i & 1), fp32 staged as tc_staged_row sorts it.
+  __device__ static __forceinline__ int column(int q, int i) {
+    return kTf32 ? q + 4 * (i & 1) : 2 * q + (i & 1);
+  }
+
+  // A from two row-major rows (rows g and g + 8; nullptr: zeros), k-step k0.
+  __device__ static __forceinline__ A load_a(const T* ra, const T* rb,
+                                             int k0, int q) {
+    A a;
+    if constexpr (kTf32) {
+      const float x[4] = {ra ? ra[k0 + q] : 0.f, rb ? rb[k0 + q] : 0.f,
+                          ra ? ra[k0 + q + 4] : 0.f,
+                          rb ? rb[k0 + q + 4] : 0.f};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) split_tf32(x[i], a.hi[i], a.lo[i]);
+    } else {
+      const int k = k0 + 2 * q;
+      a.hi[0] = ra ? *reinterpret_cast<const uint32_t*>(ra + k) : 0u;
+      a.hi[1] = rb ? *reinterpret_cast<const uint32_t*>(rb + k) : 0u;
+      a.hi[2] = ra ? *reinterpret_cast<const uint32_t*>(ra + k + 8) : 0u;
+      a.hi[3] = rb ? *reinterpret_cast<const uint32_t*>(rb + k + 8) : 0u;
+    }
+    return a;
+  }
+
+  // A from accumulator tiles: fp32 one 8-tile c, fp16 / bf16 the two
+  // 8-tiles c0, c1 of a 16-wide k-step.
+  __device__ static __forceinline__ A acc_to_a(const float (&c0)[4],
+                                               const float (&c1)[4]) {
+    A a;
+    if constexpr (kTf32) {
+      split_tf32(c0[0], a.hi[0], a.lo[0]);  // (g, q)
+      split_tf32(c0[2], a.hi[1], a.lo[1]);  // (g + 8, q)
+      split_tf32(c0[1], a.hi[2], a.lo[2]);  // (g, q + 4)
+      split_tf32(c0[3], a.hi[3], a.lo[3]);  // (g + 8, q + 4)
+    } else {
+      a.hi[0] = pack2<T>(c0[0], c0[1]);
+      a.hi[1] = pack2<T>(c0[2], c0[3]);
+      a.hi[2] = pack2<T>(c1[0], c1[1]);
+      a.hi[3] = pack2<T>(c1[2], c1[3]);
+    }
+    return a;
+  }
+
+  // d += A B with B's column g at the NK row `nk` (k-step k0).
+  __device__ static __forceinline__ void mma(float (&d)[4], const A& a,
+                                             const T* nk, int k0, int q) {
+    if constexpr (kTf32) {
+      uint32_t b0h, b0l, b1h, b1l;
+      split_tf32(nk[k0 + q], b0h, b0l);
+      split_tf32(nk[k0 + q + 4], b1h, b1l);
+      mma_1688_tf32(d, a.lo, b0h, b1h);
+      mma_1688_tf32(d, a.hi, b0l, b1l);
+      mma_1688_tf32(d, a.hi, b0h, b1h);
+    } else {
+      const int k = k0 + 2 * q;
+      mma_16816<T>(d, a.hi, *reinterpret_cast<const uint32_t*>(nk + k),
+                   *reinterpret_cast<const uint32_t*>(nk + k + 8));
+    }
+  }
+};
+
+}  // namespace pyg_dfgnn

@@ -1,0 +1,260 @@
+"""Tensor-core windows (kernels/fwd_tc_kernel.cuh, strategy 'tc') against
+the float64 reference and against SMMF (GPU only).
+
+Batches of small graphs with duplicate edges, self-loops, isolated nodes and
+graphs of one node; every D = F the kernel takes, H = 1 / 3 / 4, fp32
+(3xTF32, held to fp32's tolerance), fp16 and bf16; outputs after poisoning the allocator; gradients through the
+unchanged backward (which reads the TC forward's lse); a window of more rows
+than one count chunk; and the clear errors for what the strategy does not
+take."""
+import math
+import random
+
+import pytest
+import torch
+
+from pyg_dfgnn.graph import DFGraph
+from pyg_dfgnn.ops.reference import fused_attention_reference
+
+from test_kernels_cuda import _cuda, poison_allocator, rel_err
+
+pytestmark = pytest.mark.cuda
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# fp32 through 3xTF32: held to the SMMF kernels' fp32 tolerances
+TOL_OUT = {torch.float32: 2e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+TOL_GRAD = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 2e-2}
+
+
+def batch_graph(rng: random.Random, max_nodes: int = 128):
+    """A batch of small graphs (sizes 1 .. max_nodes), edges drawn with
+    repetition (multi-edges kept), some isolated nodes."""
+    g = torch.Generator().manual_seed(rng.randrange(2**31))
+    eis, off = [], 0
+    for _ in range(rng.randint(1, 9)):
+        n = rng.choice((1, 2, rng.randint(3, max_nodes), max_nodes))
+        e = rng.randint(0, 6 * n)
+        src = torch.randint(0, n, (e, ), generator=g)
+        dst = torch.randint(0, n, (e, ), generator=g)
+        if rng.random() < 0.3:  # isolated destinations
+            dst = dst - dst % 2
+        eis.append(torch.stack([src, dst]) + off)
+        off += n
+    ei = torch.cat(eis, dim=1)
+    ei = ei[:, torch.randperm(ei.size(1), generator=g)]
+    return ei, off
+
+
+def inputs(n, heads, dh, dtype, gen, grad=True):
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen).to('cuda', dtype) \
+            .requires_grad_(grad)
+    return rnd(n, heads, dh), rnd(n, heads, dh), rnd(n, heads, dh)
+
+
+def check(cuda, graph, value, query, key, dtype, tag, grad=True,
+          strategy='tc'):
+    scale = 1.0 / math.sqrt(query.size(-1))
+    poison_allocator()
+    out = cuda.fused_attention_cuda(graph, 'dot', value, query, key, None,
+                                    scale, 0.2, strategy=strategy)
+    assert torch.isfinite(out).all(), f'unwritten output: {tag}'
+    leaves = [value, query, key]
+    ref_leaves = [t.detach().double().requires_grad_(grad) for t in leaves]
+    ref, _ = fused_attention_reference(graph, 'dot', *ref_leaves, None,
+                                       scale, 0.2)
+    err = rel_err(out, ref)
+    assert err <= TOL_OUT[dtype], f'out rel err {err:.2e}: {tag}'
+    smmf = cuda.fused_attention_cuda(graph, 'dot', value, query, key, None,
+                                     scale, 0.2, strategy='smmf')
+    err = rel_err(out, smmf.double())
+    assert err <= TOL_OUT[dtype], f'tc vs smmf rel err {err:.2e}: {tag}'
+    if not grad:
+        return
+    g_out = torch.randn_like(out)
+    poison_allocator()
+    grads = torch.autograd.grad(out, leaves, g_out)
+    ref_grads = torch.autograd.grad(ref, ref_leaves, g_out.double())
+    for name, gv, rg in zip(('value', 'query', 'key'), grads, ref_grads):
+        assert torch.isfinite(gv).all(), f'grad_{name} non-finite: {tag}'
+        err = rel_err(gv, rg,
+                      floor=1e-2 if dtype == torch.float32 else 1.0)
+        assert err <= TOL_GRAD[dtype], f'grad_{name} rel err {err:.2e}: {tag}'
+
+
+@pytest.mark.parametrize('dh', (16, 32, 64, 128))
+@pytest.mark.parametrize('heads', (1, 3, 4))
+@pytest.mark.parametrize('dtype', DTYPES)
+def test_tc_batches(dtype, heads, dh):
+    cuda = _cuda()
+    rng = random.Random(hash((str(dtype), heads, dh)) % 2**31)
+    for _ in range(3):
+        ei, n = batch_graph(rng)
+        graph = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
+        gen = torch.Generator().manual_seed(rng.randrange(2**31))
+        check(cuda, graph, *inputs(n, heads, dh, dtype, gen), dtype,
+              f'{dtype} H={heads} D={dh} N={n} E={graph.num_edges}')
+
+
+@pytest.mark.parametrize('dtype', DTYPES)
+def test_tc_complete_graphs(dtype):
+    """GPS's global attention: block-diagonal complete graphs (dense
+    windows), with a graph of one node."""
+    cuda = _cuda()
+    sizes = [1, 37, 128, 64, 118]
+    ei = torch.cat([torch.cartesian_prod(torch.arange(s), torch.arange(s)).t()
+                    + sum(sizes[:i]) for i, s in enumerate(sizes)], dim=1)
+    n = sum(sizes)
+    graph = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
+    gen = torch.Generator().manual_seed(0)
+    check(cuda, graph, *inputs(n, 4, 16, dtype, gen), dtype, 'complete')
+
+
+def test_tc_window_of_more_rows_than_a_chunk():
+    """A 600-row window reading 100 sources: counts are built per chunk of
+    kTcMaxRows rows (the window staged again per chunk). owner_windows cuts
+    at most max_window_rows rows, so the window is put into the graph's
+    window cache; the column windows of the backward stay the graph's own
+    (graph_windows would serve as both, which a bipartite graph cannot)."""
+    cuda = _cuda()
+    g = torch.Generator().manual_seed(1)
+    n_src, n_dst, e = 100, 600, 3000
+    ei = torch.stack([torch.randint(0, n_src, (e, ), generator=g),
+                      torch.randint(0, n_dst, (e, ), generator=g)])
+    graph = DFGraph.from_edge_index(ei.cuda(), size=(n_src, n_dst))
+    graph._windows[('row', cuda.TC_MAX_SOURCES, 64)] = (
+        torch.tensor([0, n_dst], device='cuda'), n_src)
+    value, _, key = inputs(n_src, 2, 32, torch.bfloat16, g)
+    query = torch.randn(n_dst, 2, 32, generator=g).to('cuda', torch.bfloat16)
+    check(cuda, graph, value, query.requires_grad_(), key, torch.bfloat16,
+          '600-row window')
+    value, _, key = inputs(n_src, 2, 32, torch.float32, g)
+    query = torch.randn(n_dst, 2, 32, generator=g, device='cpu').cuda()
+    check(cuda, graph, value, query.requires_grad_(), key, torch.float32,
+          '600-row window fp32')
+
+
+def test_tc_empty_and_single_node():
+    cuda = _cuda()
+    g = torch.Generator().manual_seed(2)
+    for ei, n in ((torch.tensor([[0], [0]]), 1),
+                  (torch.tensor([[0, 1], [0, 0]]), 3)):  # rows 1, 2 empty
+        graph = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
+        # one window of all rows (a single graph: no cut found)
+        graph = DFGraph(graph.rowptr, graph.col, n, graph_windows=(
+            torch.tensor([0, n], device='cuda'), n))
+        check(cuda, graph, *inputs(n, 3, 16, torch.float16, g),
+              torch.float16, f'N={n}')
+
+
+def test_tc_errors():
+    cuda = _cuda()
+    g = torch.Generator().manual_seed(3)
+    ei, n = batch_graph(random.Random(4))
+    graph = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
+
+    def call(kind='dot', dtype=torch.bfloat16, d=32, f=32, graph=graph):
+        v = torch.randn(graph.num_src, 2, f, generator=g).to('cuda', dtype)
+        q = torch.randn(graph.num_dst, 2, d, generator=g).to('cuda', dtype)
+        k = torch.randn(graph.num_src, 2, d, generator=g).to('cuda', dtype)
+        if kind == 'add':
+            q, k = q[..., 0].contiguous(), k[..., 0].contiguous()
+        return cuda.fused_attention_cuda(graph, kind, v, q, k, None, 1.0,
+                                         0.2, strategy='tc')
+
+    with pytest.raises(ValueError, match='tensor-core'):
+        call(kind='add')
+    with pytest.raises(ValueError, match='tensor-core'):
+        call(d=24, f=24)
+    with pytest.raises(ValueError, match='tensor-core'):
+        call(d=32, f=64)
+    big = torch.randint(0, 300, (2, 3000), generator=g)  # one 300-node graph
+    with pytest.raises(ValueError, match='row windows of at most 128'):
+        call(graph=DFGraph.from_edge_index(big.cuda(), num_nodes=300))
+
+
+@pytest.mark.parametrize('dh', (16, 64, 128))
+@pytest.mark.parametrize('dtype', DTYPES)
+def test_tc_backward_windows(dtype, dh):
+    """Windows of <= 128 rows with their own sources: the backward takes
+    the tensor-core windows too (strategy 2), fp32 up to D = 64; above, the
+    rows / cols passes after the TC forward (strategy 3)."""
+    cuda = _cuda()
+    g = torch.Generator().manual_seed(dh)
+    sizes, eis, off = [100, 100, 90, 1, 100, 128], [], 0
+    for n in sizes:  # multi-edges, self-loops, isolated nodes
+        e = 5 * n
+        src = torch.randint(0, n, (e, ), generator=g)
+        dst = torch.randint(0, n, (e, ), generator=g)
+        eis.append(torch.stack([src, dst - dst % 3 if n > 90 else dst]) + off)
+        off += n
+    graph = DFGraph.from_edge_index(torch.cat(eis, 1).cuda(), num_nodes=off)
+    q, k, v = inputs(off, 2, dh, dtype, g)
+    plan = cuda._plan(graph, 'dot', q, v, 'tc', backward=True)
+    tc_bwd = dh <= 64 or dtype != torch.float32
+    assert plan[0] == (2 if tc_bwd else 3)
+    check(cuda, graph, v, q, k, dtype, f'{dtype} D={dh} sid={plan[0]}')
+
+
+def dense_batch(sizes, degree, gen):
+    """Disjoint graphs of the given sizes, ``degree`` random in-edges per
+    node (multi-edges and self-loops kept)."""
+    eis, off = [], 0
+    for n in sizes:
+        dst = torch.arange(n).repeat_interleave(degree)
+        src = torch.randint(0, n, (n * degree, ), generator=gen)
+        eis.append(torch.stack([src, dst]) + off)
+        off += n
+    return torch.cat(eis, 1), off
+
+
+@pytest.mark.parametrize('dtype', (torch.float16, torch.bfloat16))
+def test_smmf_forward_tc_backward_is_picked_and_matches(dtype):
+    """Without a strategy, a dense fp16 / bf16 'dot' batch runs SMMF forward
+    and the backward's tensor-core windows (strategy 4), with the
+    reference's outputs and gradients; sparse graphs, fp32, other kinds and
+    training features keep strategy 0."""
+    cuda = _cuda()
+    g = torch.Generator().manual_seed(7)
+    ei, n = dense_batch([100, 37, 128, 1, 90], cuda.TC_BWD_MIN_MEAN_DEGREE + 6,
+                        g)
+    graph = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
+    q, k, v = inputs(n, 2, 32, dtype, g)
+    assert cuda._plan(graph, 'dot', q, v, None, backward=True)[0] == 4
+    assert cuda._plan(graph, 'dot', q, v, None, backward=False)[0] == 0
+    assert cuda._plan(graph, 'dot', q, v, None, backward=True,
+                      features=True)[0] == 0
+    assert cuda._plan(graph, 'dot', q, v, 'smmf', backward=True)[0] == 0
+    q32 = q.detach().float()
+    assert cuda._plan(graph, 'dot', q32, q32, None, backward=True)[0] == 0
+    check(cuda, graph, v, q, k, dtype, f'{dtype} strategy 4', strategy=None)
+    # sparse: the rows / cols passes stay
+    ei, n = dense_batch([100, 60], 4, g)
+    sparse = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
+    q, _, v = inputs(n, 2, 32, dtype, g)
+    assert cuda._plan(sparse, 'dot', q, v, None, backward=True)[0] == 0
+
+
+def test_smmf_forward_tc_backward_without_a_sync():
+    """A device batch (graph_windows) decides strategy 4 without a host
+    sync: the captured training step may not sync."""
+    cuda = _cuda()
+    g = torch.Generator().manual_seed(8)
+    sizes = [100, 120, 64]
+    ei, n = dense_batch(sizes, cuda.TC_BWD_MIN_MEAN_DEGREE, g)
+    base = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
+    bounds = torch.tensor([0, 100, 220, 284], device='cuda')
+    graph = DFGraph(base.rowptr, base.col, n,
+                    max_in_degree=cuda.TC_BWD_MIN_MEAN_DEGREE,
+                    csc=base.csc(), max_out_degree=base.max_out_degree,
+                    graph_windows=(bounds, 120))
+    q, k, v = inputs(n, 1, 64, torch.bfloat16, g)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode('error')
+    try:
+        plan = cuda._plan(graph, 'dot', q, v, None, backward=True)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert plan[0] == 4 and plan[2] is bounds
+    check(cuda, graph, v, q, k, torch.bfloat16, 'device batch, strategy 4',
+          strategy=None)
