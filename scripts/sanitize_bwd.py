@@ -6,7 +6,8 @@
 Covers every score kind, the plain and the staged (row / column windows of
 batched small graphs) blocks of both passes, heavy owners (a super node),
 empty rows/columns, the scalar (F = 17) and 16-byte (F = 32) layouts, fp32
-and bf16, int32 and int64 indices. Build the kernels once beforehand
+and bf16, int32 and int64 indices; the tensor-core backward after the TC
+and the SMMF forward (added in session 9, not yet run on a GPU). Build the kernels once beforehand
 (outside the sanitizer) to keep the run short. Exits non-zero if a gradient
 is off.
 """
@@ -38,8 +39,40 @@ CASES = [
 ]
 
 
-def main() -> int:
+# Tensor-core backward (bwd_tc_kernel.cuh) on dense batches: strategy 'tc'
+# (TC forward, sid 2) and the automatic SMMF forward + TC backward (sid 4).
+TC_CASES = [
+    # strategy, dtype, H, D = F, graph sizes
+    ('tc', torch.bfloat16, 2, 32, [100, 37, 1, 90]),
+    ('tc', torch.float32, 1, 64, [128, 20]),
+    ('tc', torch.float16, 1, 128, [64, 64]),
+    (None, torch.bfloat16, 3, 16, [100, 37, 1, 90]),
+]
+
+
+def tc_cases() -> int:
+    sys.path.insert(0, str(ROOT / 'tests'))
+    import test_tc_windows_cuda as tt
+    from pyg_dfgnn.graph import DFGraph
+    from pyg_dfgnn.ops import cuda
     bad = 0
+    for i, (strategy, dtype, heads, dh, sizes) in enumerate(TC_CASES):
+        g = torch.Generator().manual_seed(i)
+        ei, n = tt.dense_batch(sizes, cuda.TC_BWD_MIN_MEAN_DEGREE + 2, g)
+        graph = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
+        tag = f'{strategy} {dtype} H={heads} D={dh}'
+        try:
+            tt.check(cuda, graph, *tt.inputs(n, heads, dh, dtype, g), dtype,
+                     tag, strategy=strategy)
+            print('ok ', 'tc-bwd', tag, flush=True)
+        except AssertionError as e:
+            bad += 1
+            print('BAD', 'tc-bwd', tag, e, flush=True)
+    return bad
+
+
+def main() -> int:
+    bad = tc_cases()
     for g, n, kind, dtype, H, F, D, idx64, stage in CASES:
         errs = tb.run_case(g, n, kind, dtype, H, F, D, idx64=idx64, seed=1,
                            stage=stage)
