@@ -5,7 +5,7 @@
 #
 #   run: bash scripts/gpu-check.sh            (OUT defaults to ./gpu-check-out)
 #   STAGES="build test sanitize fwdbench bench features" bash scripts/gpu-check.sh
-#                                             (a subset; also: modules, e2e —
+#                                             (a subset; also: ncu, modules, e2e —
 #                                             module-level and end-to-end
 #                                             benchmarks, off by default)
 #   PYTEST_ARGS="-k random_case" ...          (extra pytest arguments)
@@ -100,6 +100,14 @@ if has sanitize; then
       grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$LOGS/$name.log" | tail -n 2
     done
   done
+fi
+if has ncu; then  # kernel profiles (text) of NCU_CASES' launches
+  stage ncu ${NCU_TIMEOUT:-240} ncu --kernel-name "regex:${NCU_KERNELS:-tc_(fwd|bwd)_kernel}" \
+    --launch-count ${NCU_LAUNCHES:-2} --section SpeedOfLight \
+    --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+    --section SchedulerStats \
+    $PY scripts/profile_kernels.py ${NCU_CASES:-pattern-like:1x128:tc:bf16}
 fi
 if has fwdbench; then
   stage fwdbench 150 $PY scripts/fwd_bench.py ${FWD_BENCH_ARGS:-} \

@@ -1,8 +1,9 @@
 """Run the SMMF forward and the backward once per case for `ncu`
-(kernel-level profile).
+(kernel-level profile); mode ``tc``: the tensor-core windows' forward and
+backward (strategy 2).
 
-    ncu --kernel-name regex:"smmf_fwd|bwd_kernel" --section ... \
-        python scripts/profile_kernels.py [graph:HxF:staged|plain,...]
+    ncu --kernel-name regex:"smmf_fwd|bwd_kernel|tc_" --section ... \
+        python scripts/profile_kernels.py [graph:HxF:staged|plain|tc[:dtype],...]
 """
 import os
 import sys
@@ -21,25 +22,38 @@ def main():
     cases = sys.argv[1].split(',') if len(sys.argv) > 1 else [
         'pattern-like:1x128:staged', 'pattern-like:1x128:plain',
         'pubmed-like:1x128:plain']
+    dtypes = {'fp32': torch.float32, 'fp16': torch.float16,
+              'bf16': torch.bfloat16}
     for case in cases:
-        name, shape, mode = case.split(':')
+        name, shape, mode, *dt = case.split(':')
+        dtype = dtypes[dt[0] if dt else 'fp32']
         h, f = (int(x) for x in shape.split('x'))
         graph, _, n = make_dfgraph(name, dev)
-        q, k, v = (torch.randn(n, h, f, device=dev) for _ in range(3))
-        win, span = graph.row_windows(cuda._stage_capacity('dot', q, v))
-        cwin, cspan = graph.col_windows(cuda._col_stage_capacity('dot', q, v))
+        q, k, v = (torch.randn(n, h, f, device=dev, dtype=dtype)
+                   for _ in range(3))
+        strategy = 0
+        if mode == 'tc':
+            plan = cuda._plan(graph, 'dot', q, v, cuda.TC, backward=True)
+            strategy = plan[0]
+            win, span, cwin, cspan = plan[2:6]
+        else:
+            win, span = graph.row_windows(cuda._stage_capacity('dot', q, v))
+            cwin, cspan = graph.col_windows(
+                cuda._col_stage_capacity('dot', q, v))
         if mode == 'plain':
             win, span, cwin, cspan = None, 0, None, 0
-        print(case, 'windows', None if win is None else win.numel() - 1,
-              'span', span, flush=True)
+        print(case, 'strategy', strategy, 'windows',
+              None if win is None else win.numel() - 1, 'span', span,
+              flush=True)
         _, lse, *_ = torch.ops.pyg_dfgnn.fused_attention_fwd(
-            graph.rowptr, graph.col, 0, q, k, v, None, 1.0, 0.2, 0,
+            graph.rowptr, graph.col, 0, q, k, v, None, 1.0, 0.2, strategy,
             graph.max_in_degree, win, span)
         colptr, csc_row, csc_perm = graph.csc()
         torch.ops.pyg_dfgnn.fused_attention_bwd(
             torch.randn_like(v), graph.rowptr, graph.col, colptr, csc_row,
             csc_perm, 0, q, k, v, None, lse, 1.0, 0.2, win, span, cwin,
-            cspan, graph.max_in_degree, graph.max_out_degree)
+            cspan, graph.max_in_degree, graph.max_out_degree,
+            strategy=strategy)
         torch.cuda.synchronize()
 
 
