@@ -130,7 +130,8 @@ fi
 if has e2e; then  # same config, backend pyg vs dfgnn, same data and epochs
   stage e2e ${E2E_TIMEOUT:-300} $PY -m pyg_dfgnn bench-e2e \
     --cfg ${E2E_CFG:-configs/pattern-gat.yaml} --epochs ${E2E_EPOCHS:-3} \
-    --out "$OUT" train.num_workers=4 ${E2E_ARGS:-}
+    --out "$OUT" ${E2E_VARIANTS:+--variants "$E2E_VARIANTS"} \
+    train.num_workers=4 ${E2E_ARGS:-}
 fi
 
 pack_logs
