@@ -109,13 +109,8 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   // transposed rows t[d][i] in true order.
   auto stage = [&](const T* x, int64_t base, int n, int n_pad, int h, T* nk,
                    T* t) {
-    for (int i = tid; i < n_pad * DH; i += kTcThreads) {
-      const int j = i / DH, d = i - (i / DH) * DH;
-      T val = from_float<T>(0.f);
-      if (j < n) val = x[(base + j) * HD + h * DH + d];
-      nk[(kTf32 ? tc_staged_row(j) : j) * NS + d] = val;
-      if (t != nullptr) t[d * TS + j] = val;
-    }
+    tc_stage_rows<T, DH, kTcThreads>(x + h * DH, base, HD, n, n_pad, nk, NS,
+                                     t, TS, tid);
   };
   // Window index (source in A, row in B) of accumulator element i of
   // 8-tile t.

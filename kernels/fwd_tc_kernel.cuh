@@ -106,17 +106,10 @@ __global__ void __launch_bounds__(kTcThreads, 1)
       // V columns (NK rows of P V) of head h, zeros past n_src (masked
       // products stay 0, not NaN)
       __syncthreads();  // counts written; the previous head is done
-      for (int i = tid; i < n_pad * DH; i += kTcThreads) {
-        const int j = i / DH, d = i - (i / DH) * DH;
-        T kv = from_float<T>(0.f), vv = from_float<T>(0.f);
-        if (j < n_src) {
-          const int64_t at = (int64_t)(src_lo + j) * HD + h * DH + d;
-          kv = a.k[at];
-          vv = a.v[at];
-        }
-        s_k[(kTf32 ? tc_staged_row(j) : j) * KS + d] = kv;
-        s_vt[d * VS + j] = vv;
-      }
+      tc_stage_rows<T, DH, kTcThreads>(a.k + h * DH, src_lo, HD, n_src, n_pad,
+                                       s_k, KS, nullptr, 0, tid);
+      tc_stage_rows<T, DH, kTcThreads>(a.v + h * DH, src_lo, HD, n_src, n_pad,
+                                       nullptr, 0, s_vt, VS, tid);
       __syncthreads();
 
       for (int r0 = warp * 16; r0 < n_rows; r0 += kTcWarps * 16) {
