@@ -140,7 +140,7 @@ def unfused_attention(edge_index: torch.Tensor, num_nodes: int,
 def bench_case(graph_name: str, graph, edge_index, num_nodes: int,
                shape: str, dtype_name: str, timer: Timer, device,
                seed: int, family: Optional[str],
-               strategy: Optional[str] = None) -> Dict:
+               strategy: Optional[str] = None, plain: bool = False) -> Dict:
     from pyg_dfgnn import fused_attention
     from pyg_dfgnn.ops import cuda as cuda_ops
 
@@ -177,6 +177,9 @@ def bench_case(graph_name: str, graph, edge_index, num_nodes: int,
         # The two kernel ops called directly (no autograd engine), as
         # DF-GNN's kernels are timed; `ours_fb` is the user-facing path.
         plan = cuda_ops._plan(graph, 'dot', q, v, strategy, backward=True)
+        if plain:  # no staging windows: plain SMMF / PMF blocks, both passes
+            plan = (0 if plan[0] == 4 else plan[0], plan[1], None, 0, None, 0,
+                    plan[6])
         colptr, csc_row, csc_perm = graph.csc()
         ops = torch.ops.pyg_dfgnn
 
@@ -206,7 +209,8 @@ def bench_case(graph_name: str, graph, edge_index, num_nodes: int,
 
     row: Dict = dict(graph=graph_name, shape=shape, dtype=dtype_name,
                      num_nodes=num_nodes, num_edges=graph.num_edges,
-                     strategy=strategy or 'auto')
+                     strategy=(strategy or 'auto') + (' plain' if plain
+                                                      else ''))
 
     # correctness vs the unfused chain in fp32 (the unfused result itself
     # for fp32 inputs)
@@ -352,8 +356,14 @@ def main(argv=None) -> List[Dict]:
     parser.add_argument('--strategy', default=None, choices=('tc', ),
                         help="tc: the tensor-core windows (graphs with "
                         "windows of <= 128 sources; others are skipped)")
+    parser.add_argument('--plain', action='store_true',
+                        help='the kernel ops (fwd / f+b ops columns) without '
+                        'staging windows: plain blocks, to see what staging '
+                        'buys per graph')
     args = parser.parse_args(argv)
 
+    if args.plain and args.strategy == 'tc':
+        parser.error('--plain is for SMMF / PMF (the TC windows are windows)')
     device, graphs, scale = resolve_run(args, parser)
     shapes = args.shapes.split(',')
     dtypes = args.dtype.split(',')
@@ -395,7 +405,7 @@ def main(argv=None) -> List[Dict]:
             for dtype_name in dtypes:
                 by_dtype[dtype_name] = bench_case(
                     name, graph, edge_index, n, shape, dtype_name, timer,
-                    device, args.seed, family, args.strategy)
+                    device, args.seed, family, args.strategy, args.plain)
                 rows.append(by_dtype[dtype_name])
             _bf16_speedup(by_dtype)
         del graph, edge_index

@@ -202,6 +202,8 @@ def test_bench_e2e_compares_compiled_and_eager_steps(tmp_path, capsys,
     with open(tmp_path / 'bench' / 'e2e-b-cpu.json') as f:
         res = json.load(f)
     assert list(res['runs']) == names.split(',')
+    # the per-variant partial file is gone once the whole result is written
+    assert not (tmp_path / 'bench' / 'e2e-b.partial.json').exists()
     summary = res['summary']
     assert res['speedup_epoch_time'] is None  # no pyg variant ran
     assert set(res['speedup_compile_vs_graphs']) == {'pyg-runner-compile',
@@ -220,3 +222,18 @@ def test_bench_e2e_compares_compiled_and_eager_steps(tmp_path, capsys,
             assert a['train_loss'] == pytest.approx(b['train_loss'],
                                                     rel=1e-4)
             assert a['val_loss'] == pytest.approx(b['val_loss'], rel=1e-4)
+
+
+def test_bench_e2e_partial_result_names_the_finished_variants(tmp_path):
+    # what a run cut by a time limit leaves behind
+    from pyg_dfgnn.train.bench import _write_partial
+    run = dict(history=[{'epoch': 0, 'epoch_time_s': 1.5}], best=None,
+               final={'val_metric': 0.5}, wall_time_s=2.0, extra='dropped')
+    path = _write_partial(str(tmp_path), 'configs/pattern-gps.yaml',
+                          ['dataset.size=8'], 3, {'dfgnn': run})
+    assert path.endswith('e2e-pattern-gps.partial.json')
+    with open(path) as f:
+        res = json.load(f)
+    assert res['finished'] == ['dfgnn'] and res['epochs'] == 3
+    assert res['runs']['dfgnn']['history'][0]['epoch_time_s'] == 1.5
+    assert 'extra' not in res['runs']['dfgnn']

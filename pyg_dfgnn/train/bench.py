@@ -84,6 +84,30 @@ def _median_epoch_time(history: List[Dict[str, Any]],
     return statistics.median(steady)
 
 
+def _partial_path(out_dir: str, cfg_path: str) -> str:
+    name = osp.splitext(osp.basename(cfg_path))[0]
+    return osp.join(out_dir, f'e2e-{name}.partial.json')
+
+
+def _write_partial(out_dir: str, cfg_path: str,
+                   overrides: Optional[List[str]], epochs: int,
+                   runs: Dict[str, Any]) -> str:
+    """The histories of the variants that finished, rewritten after each
+    one (and removed once the full result is written)."""
+    os.makedirs(out_dir, exist_ok=True)
+    path = _partial_path(out_dir, cfg_path)
+    with open(path, 'w') as f:
+        json.dump({
+            'config': cfg_path, 'overrides': list(overrides or []),
+            'epochs': epochs, 'finished': list(runs),
+            'runs': {k: {kk: v[kk] for kk in ('history', 'best', 'final',
+                                               'wall_time_s')}
+                     for k, v in runs.items()},
+            'time': time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()),
+        }, f, indent=2)
+    return path
+
+
 def bench_e2e(cfg_path: str, epochs: int,
               overrides: Optional[List[str]] = None,
               out_dir: str = 'benchmarks/results',
@@ -120,6 +144,8 @@ def bench_e2e(cfg_path: str, epochs: int,
         runs[variant] = train(cfg, bundle=bundle, log=log)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+        # what ran so far, for a run cut short (a device call's time limit)
+        _write_partial(out_dir, cfg_path, overrides, epochs, runs)
 
     summary: Dict[str, Any] = {}
     for variant, res in runs.items():
@@ -230,6 +256,9 @@ def bench_e2e(cfg_path: str, epochs: int,
     path = osp.join(out_dir, f'e2e-{name}-{device_tag}.json')
     with open(path, 'w') as f:
         json.dump(result, f, indent=2)
+    partial = _partial_path(out_dir, cfg_path)
+    if osp.exists(partial):
+        os.remove(partial)
     log(f'wrote {path}')
     result['path'] = path
     return result
