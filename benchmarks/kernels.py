@@ -347,6 +347,7 @@ def _err(e):
 
 
 def main(argv=None) -> List[Dict]:
+    from pyg_dfgnn.ops import cuda as cuda_ops
     parser = make_parser(__doc__, 'kernels', ','.join(DEFAULT_GRAPHS),
                          GRAPHS)
     parser.add_argument('--shapes', default=','.join(SHAPES),
@@ -397,7 +398,8 @@ def main(argv=None) -> List[Dict]:
             # (the kernels' first load, allocator growth).
             bench_case(name, graph, edge_index, n, shapes[0], dtypes[0],
                        timer, device, args.seed, family)
-        if args.strategy == 'tc' and graph.row_windows(128)[0] is None:
+        if args.strategy == 'tc' and graph.row_windows(
+                cuda_ops.TC_MAX_SOURCES)[0] is None:
             print(f'{name}: no windows of <= 128 sources, skipped (tc)')
             continue
         for shape in shapes:

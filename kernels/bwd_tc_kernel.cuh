@@ -112,6 +112,29 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     tc_stage_rows<T, DH, kTcThreads>(x + h * DH, base, HD, n, n_pad, nk, NS,
                                      t, TS, tid);
   };
+  // s = X N0^T and dp = Y N1^T over the used 8-tiles of n (NK rows in
+  // slots 0 and 1): X, Y as row pairs (rows g, g + 8; nullptr: zeros) in
+  // global memory -- S and dP of a row strip (X = Q, Y = dO), S^T and dP^T
+  // of a source strip (X = K, Y = V).
+  auto two_products = [&](const T* xa, const T* xb, const T* ya,
+                          const T* yb, int n_tiles, float (&s)[kTcTiles][4],
+                          float (&dp)[kTcTiles][4]) {
+#pragma unroll
+    for (int t = 0; t < kTcTiles; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[t][i] = dp[t][i] = 0.f;
+#pragma unroll
+    for (int k0 = 0; k0 < DH; k0 += kK) {
+      const typename M::A fx = M::load_a(xa, xb, k0, q4);
+      const typename M::A fy = M::load_a(ya, yb, k0, q4);
+#pragma unroll
+      for (int t = 0; t < kTcTiles; ++t)
+        if (t < n_tiles) {
+          M::mma(s[t], fx, slot[0] + (t * 8 + g) * NS, k0, q4);
+          M::mma(dp[t], fy, slot[1] + (t * 8 + g) * NS, k0, q4);
+        }
+    }
+  };
   // Window index (source in A, row in B) of accumulator element i of
   // 8-tile t.
   auto index_of = [&](int t, int i) { return t * 8 + M::column(q4, i); };
@@ -122,17 +145,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
                      const T* nk, T* out, int64_t at_a, int64_t at_b,
                      bool ok_a, bool ok_b, float sc) {
     float acc[kOut][4];
-#pragma unroll
-    for (int nt = 0; nt < kOut; ++nt)
-      acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
-#pragma unroll
-    for (int t = 0; t < kTcTiles; t += kK / 8)
-      if (t < k_tiles) {
-        const typename M::A fa = M::acc_to_a(x[t], x[kTf32 ? t : t + 1]);
-#pragma unroll
-        for (int nt = 0; nt < kOut; ++nt)
-          M::mma(acc[nt], fa, nk + (nt * 8 + g) * TS, t * 8, q4);
-      }
+    M::product(acc, x, k_tiles, nk, TS, g, q4);
 #pragma unroll
     for (int nt = 0; nt < kOut; ++nt) {
       const int f = nt * 8 + 2 * q4;
@@ -159,21 +172,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
       const T* oa = ok_a ? a.dout + row_a * HD + h * DH : nullptr;
       const T* ob = ok_b ? a.dout + row_b * HD + h * DH : nullptr;
       float s[kTcTiles][4], dp[kTcTiles][4];
-#pragma unroll
-      for (int t = 0; t < kTcTiles; ++t)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) s[t][i] = dp[t][i] = 0.f;
-#pragma unroll
-      for (int k0 = 0; k0 < DH; k0 += kK) {
-        const typename M::A fq = M::load_a(qa, qb, k0, q4);
-        const typename M::A fo = M::load_a(oa, ob, k0, q4);
-#pragma unroll
-        for (int t = 0; t < kTcTiles; ++t)
-          if (t < src_tiles) {
-            M::mma(s[t], fq, slot[0] + (t * 8 + g) * NS, k0, q4);
-            M::mma(dp[t], fo, slot[1] + (t * 8 + g) * NS, k0, q4);
-          }
-      }
+      two_products(qa, qb, oa, ob, src_tiles, s, dp);
       const float lse_a = ok_a ? s_lse[r0 + g] : 0.f;
       const float lse_b = ok_b ? s_lse[r0 + g + 8] : 0.f;
       const unsigned char* ca = s_cnt + (r0 + g) * kTcMax;
@@ -224,21 +223,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
       const T* va = ok_a ? a.v + src_a * HD + h * DH : nullptr;
       const T* vb = ok_b ? a.v + src_b * HD + h * DH : nullptr;
       float s[kTcTiles][4], dp[kTcTiles][4];  // S^T, dP^T: rows = sources
-#pragma unroll
-      for (int t = 0; t < kTcTiles; ++t)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) s[t][i] = dp[t][i] = 0.f;
-#pragma unroll
-      for (int k0 = 0; k0 < DH; k0 += kK) {
-        const typename M::A fk = M::load_a(ka, kb, k0, q4);
-        const typename M::A fv = M::load_a(va, vb, k0, q4);
-#pragma unroll
-        for (int t = 0; t < kTcTiles; ++t)
-          if (t < row_tiles) {
-            M::mma(s[t], fk, slot[0] + (t * 8 + g) * NS, k0, q4);
-            M::mma(dp[t], fv, slot[1] + (t * 8 + g) * NS, k0, q4);
-          }
-      }
+      two_products(ka, kb, va, vb, row_tiles, s, dp);
 #pragma unroll
       for (int t = 0; t < kTcTiles; ++t)
 #pragma unroll

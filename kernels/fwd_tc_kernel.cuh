@@ -172,17 +172,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
         }
         // ---- O = P V: P's A fragments are S's accumulators
         float o[kOutTiles][4];
-#pragma unroll
-        for (int nt = 0; nt < kOutTiles; ++nt)
-          o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
-#pragma unroll
-        for (int t = 0; t < kTcSrcTiles; t += kK / 8)
-          if (t < n_tiles8) {
-            const typename M::A fp = M::acc_to_a(s[t], s[kTf32 ? t : t + 1]);
-#pragma unroll
-            for (int nt = 0; nt < kOutTiles; ++nt)
-              M::mma(o[nt], fp, s_vt + (nt * 8 + g) * VS, t * 8, q4);
-          }
+        M::product(o, s, n_tiles8, s_vt, VS, g, q4);
         // ---- out = O / l (features nt * 8 + 2 q4, + 1), lse
         const float inv_a = 1.f / (l_a + 1e-16f), inv_b = 1.f / (l_b + 1e-16f);
 #pragma unroll

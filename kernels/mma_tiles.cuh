@@ -209,6 +209,28 @@ struct MmaTile {
                    *reinterpret_cast<const uint32_t*>(nk + k + 8));
     }
   }
+
+  // acc = x B over the used 8-tiles of k (k_tiles): x are accumulator tiles
+  // reused as A fragments (acc_to_a; P for P V, dS / P for the backward's
+  // products), B's column g of n-tile nt at the NK row nk + (nt * 8 + g) *
+  // stride.
+  template <int kTiles, int kOut>
+  __device__ static __forceinline__ void product(float (&acc)[kOut][4],
+                                                 const float (&x)[kTiles][4],
+                                                 int k_tiles, const T* nk,
+                                                 int stride, int g, int q) {
+#pragma unroll
+    for (int nt = 0; nt < kOut; ++nt)
+      acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+#pragma unroll
+    for (int t = 0; t < kTiles; t += kK / 8)
+      if (t < k_tiles) {
+        const A fa = acc_to_a(x[t], x[kTf32 ? t : t + 1]);
+#pragma unroll
+        for (int nt = 0; nt < kOut; ++nt)
+          mma(acc[nt], fa, nk + (nt * 8 + g) * stride, t * 8, q);
+      }
+  }
 };
 
 }  // namespace pyg_dfgnn

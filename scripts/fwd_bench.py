@@ -80,13 +80,14 @@ def main(argv=None):
                         ('pmf', 1, None, 0)]
             if auto != 'smmf':
                 variants = variants[2:]
-            if f in (16, 32, 64, 128) and \
-                    graph.max_in_degree <= 255:  # tensor-core windows
-                tc_win, tc_span = graph.row_windows(cuda.TC_MAX_SOURCES)
-                if tc_win is not None:  # (2: the backward's TC too)
-                    sid = 2 if cuda._tc_backward_ok(graph, tc_win, 'dot', q,
-                                                    v) else 3
-                    variants.append(('tc', sid, tc_win, tc_span))
+            if cuda._tc_takes('dot', q, v) and \
+                    graph.max_in_degree <= cuda.TC_MAX_DEGREE:
+                try:  # the op's own TC plan (2: the backward's TC too)
+                    plan = cuda._plan(graph, 'dot', q, v, cuda.TC,
+                                      backward=True)
+                    variants.append(('tc', plan[0], plan[2], plan[3]))
+                except ValueError:  # no windows of <= 128 sources
+                    pass
             for strat, sid, win, stage in variants:
                 cwin, cstage = (None, 0) if strat == 'smmf-plain' else (
                     col_windows, col_span)

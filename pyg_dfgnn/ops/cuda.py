@@ -27,10 +27,13 @@ from pyg_dfgnn.dispatch import SMMF
 from pyg_dfgnn.ops._loader import load_kernels
 
 KIND_IDS = {'dot': 0, 'add': 1, 'gatv2': 2}
-#: Tensor-core windows (kernels/fwd_tc_kernel.cuh): forward strategy 2,
-#: asked for explicitly; windows of at most TC_MAX_SOURCES sources.
+#: Tensor-core windows (kernels/fwd_tc_kernel.cuh, bwd_tc_kernel.cuh) of at
+#: most TC_MAX_SOURCES sources. Strategy ids: 3 = TC forward (asked for as
+#: 'tc'), 2 = TC forward and backward, 4 = SMMF forward and TC backward
+#: (picked without being asked, _tc_backward_pays).
 TC = 'tc'
 TC_MAX_SOURCES = 128
+TC_HEAD_DIMS = (16, 32, 64, 128)
 #: Edge multiplicities of a window are counted in a byte.
 TC_MAX_DEGREE = 255
 #: Mean in-degree from which the backward's tensor-core windows beat its
@@ -190,10 +193,9 @@ def _tc_backward_ok(graph, windows: Tensor, kind: str, query: Tensor,
     (kernels/bwd_tc_kernel.cuh): every window of at most TC_MAX_SOURCES
     rows, no source shared by two windows (a block owns its sources' dK,
     dV), D = F <= 128 (fp32: <= 64). One host sync, cached with the plan."""
-    dh = value.shape[2]
-    if kind != 'dot' or query.shape[-1] != dh or dh not in (16, 32, 64, 128) \
-            or (dh == 128 and value.dtype == torch.float32) \
-            or graph.max_in_degree > TC_MAX_DEGREE:
+    if not _tc_takes(kind, query, value) or graph.max_in_degree > \
+            TC_MAX_DEGREE or (value.shape[2] == 128 and
+                              value.dtype == torch.float32):
         return False
     if graph.graph_windows is not None and windows is graph.graph_windows[0]:
         # graph boundaries of a square batch (row_windows gave them, so
@@ -239,16 +241,23 @@ def _tc_single_window(graph) -> Tuple[Optional[Tensor], int]:
     return cache[key]
 
 
+def _tc_takes(kind: str, query: Tensor, value: Tensor) -> bool:
+    """The TC kernels' score kind and head sizes: 'dot' with D = F in
+    TC_HEAD_DIMS."""
+    return kind == 'dot' and query.shape[-1] == value.shape[2] and \
+        value.shape[2] in TC_HEAD_DIMS
+
+
 def _check_tc(kind: str, query: Tensor, value: Tensor,
               features: bool) -> None:
     """What strategy 'tc' takes, as a Python error (the kernels' host
     entries check it again)."""
-    dh = value.shape[2]
-    if kind != 'dot' or query.shape[-1] != dh or dh not in (16, 32, 64, 128):
+    if not _tc_takes(kind, query, value):
         raise ValueError(
             f"strategy '{TC}' (tensor-core windows) takes the 'dot' kind with "
-            f"D = F in (16, 32, 64, 128) (got '{kind}', D = "
-            f"{query.shape[-1] if kind != 'add' else 1}, F = {dh})")
+            f"D = F in {TC_HEAD_DIMS} (got '{kind}', D = "
+            f"{query.shape[-1] if kind != 'add' else 1}, "
+            f"F = {value.shape[2]})")
     if features:
         raise ValueError(
             f"strategy '{TC}' (tensor-core windows) takes no edge terms, "
@@ -265,9 +274,7 @@ def _tc_backward_pays(graph, kind: str, query: Tensor, value: Tensor) -> bool:
     windows (strategy 4): fp16 / bf16 'dot' with D = F the TC kernels take,
     dense enough (TC_BWD_MIN_MEAN_DEGREE), multiplicities within a byte.
     Shapes and host-known bounds only (no sync)."""
-    return (kind == 'dot' and value.dtype in _TC_HALF_DTYPES
-            and query.shape[-1] == value.shape[2]
-            and value.shape[2] in (16, 32, 64, 128)
+    return (_tc_takes(kind, query, value) and value.dtype in _TC_HALF_DTYPES
             and graph.num_dst > 0 and graph.max_in_degree <= TC_MAX_DEGREE
             and graph.num_edges >= TC_BWD_MIN_MEAN_DEGREE * graph.num_dst)
 
@@ -325,12 +332,11 @@ def _plan(graph, kind: str, query: Tensor, value: Tensor,
     elif strategy == SMMF:
         if chosen and backward and not features and \
                 _tc_backward_pays(graph, kind, query, value):
-            windows, stage_nodes = graph.row_windows(TC_MAX_SOURCES)
-            if windows is not None and _tc_backward_ok(graph, windows, kind,
-                                                       query, value):
-                sid = 4  # SMMF forward on the TC windows, TC backward
-            else:
-                windows = None
+            tc_windows, tc_span = graph.row_windows(TC_MAX_SOURCES)
+            if tc_windows is not None and _tc_backward_ok(
+                    graph, tc_windows, kind, query, value):
+                # SMMF forward on the TC windows, TC backward
+                sid, windows, stage_nodes = 4, tc_windows, tc_span
         if sid != 4:
             windows, stage_nodes = graph.row_windows(
                 _stage_capacity(kind, query, value))
@@ -370,8 +376,8 @@ def fused_attention_cuda(graph, kind: str, value: Tensor, query: Tensor,
     """Fused attention on CUDA tensors (inputs already validated by
     :func:`pyg_dfgnn.ops.check_inputs`). ``strategy`` overrides the SMMF /
     PMF rule (``'smmf'`` or ``'pmf'``; tests use it) or asks for the
-    tensor-core windows of the forward (``'tc'``: 'dot', D = F in {16, 32,
-    64, 128}, no training features, fp32 through 3xTF32; an error
+    tensor-core windows of the forward (``'tc'``: 'dot', D = F in
+    TC_HEAD_DIMS, no training features, fp32 through 3xTF32; an error
     otherwise).
 
     ``dropout`` is the active drop probability (0 outside training);

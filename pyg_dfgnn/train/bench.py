@@ -36,7 +36,7 @@ import os
 import os.path as osp
 import statistics
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from pyg_dfgnn.train.config import ConfigError, load_config
 
@@ -84,9 +84,22 @@ def _median_epoch_time(history: List[Dict[str, Any]],
     return statistics.median(steady)
 
 
+#: What a result keeps of each variant's run.
+_RUN_FIELDS = ('history', 'best', 'final', 'wall_time_s')
+
+
+def _run_fields(runs: Dict[str, Any], extra: Tuple[str, ...] = ()
+                ) -> Dict[str, Any]:
+    return {k: {kk: v[kk] for kk in _RUN_FIELDS + extra}
+            for k, v in runs.items()}
+
+
+def _cfg_name(cfg_path: str) -> str:
+    return osp.splitext(osp.basename(cfg_path))[0]
+
+
 def _partial_path(out_dir: str, cfg_path: str) -> str:
-    name = osp.splitext(osp.basename(cfg_path))[0]
-    return osp.join(out_dir, f'e2e-{name}.partial.json')
+    return osp.join(out_dir, f'e2e-{_cfg_name(cfg_path)}.partial.json')
 
 
 def _write_partial(out_dir: str, cfg_path: str,
@@ -100,9 +113,7 @@ def _write_partial(out_dir: str, cfg_path: str,
         json.dump({
             'config': cfg_path, 'overrides': list(overrides or []),
             'epochs': epochs, 'finished': list(runs),
-            'runs': {k: {kk: v[kk] for kk in ('history', 'best', 'final',
-                                               'wall_time_s')}
-                     for k, v in runs.items()},
+            'runs': _run_fields(runs),
             'time': time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()),
         }, f, indent=2)
     return path
@@ -245,15 +256,12 @@ def bench_e2e(cfg_path: str, epochs: int,
         'speedup_compile_vs_graphs': compile_speedup,
         'speedup_compile_vs_graphs_compute': compile_compute_speedup,
         'summary': summary,
-        'runs': {k: {kk: v[kk] for kk in ('history', 'best', 'final',
-                                           'wall_time_s', 'torch')}
-                 for k, v in runs.items()},
+        'runs': _run_fields(runs, ('torch', )),
         'time': time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()),
     }
     os.makedirs(out_dir, exist_ok=True)
     device_tag = 'cuda' if result['device'].startswith('cuda') else 'cpu'
-    name = osp.splitext(osp.basename(cfg_path))[0]
-    path = osp.join(out_dir, f'e2e-{name}-{device_tag}.json')
+    path = osp.join(out_dir, f'e2e-{_cfg_name(cfg_path)}-{device_tag}.json')
     with open(path, 'w') as f:
         json.dump(result, f, indent=2)
     partial = _partial_path(out_dir, cfg_path)
