@@ -5,7 +5,7 @@
 #
 #   run: bash scripts/gpu-check.sh            (OUT defaults to ./gpu-check-out)
 #   STAGES="build test sanitize fwdbench bench features" bash scripts/gpu-check.sh
-#                                             (a subset; also: ncu, modules, e2e —
+#                                             (a subset; also: ncu, modules, profile, e2e —
 #                                             module-level and end-to-end
 #                                             benchmarks, off by default)
 #   PYTEST_ARGS="-k random_case" ...          (extra pytest arguments)
@@ -145,6 +145,12 @@ fi
 if has modules && [ -f benchmarks/modules.py ]; then
   stage modules ${MODULES_TIMEOUT:-240} $PY benchmarks/modules.py \
     ${MODULES_ARGS:-} --out "$OUT/modules.json"
+fi
+if has profile; then  # ms per step, GPU busy %, host syncs per step
+  stage profile ${PROFILE_TIMEOUT:-200} $PY scripts/profile_step.py \
+    --cfg ${PROFILE_CFG:-configs/pattern-gps.yaml} \
+    --variants ${PROFILE_VARIANTS:-dfgnn,pyg-runner} \
+    --json "$OUT/profile_step.json" ${PROFILE_ARGS:-}
 fi
 if has e2e; then  # same config, backend pyg vs dfgnn, same data and epochs
   stage e2e ${E2E_TIMEOUT:-300} $PY -m pyg_dfgnn bench-e2e \
