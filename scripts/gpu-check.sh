@@ -5,7 +5,7 @@
 #
 #   run: bash scripts/gpu-check.sh            (OUT defaults to ./gpu-check-out)
 #   STAGES="build test sanitize fwdbench bench features" bash scripts/gpu-check.sh
-#                                             (a subset; also: ncu, modules, profile, e2e —
+#                                             (a subset; also: ncu, modules, profile, compilelog, e2e —
 #                                             module-level and end-to-end
 #                                             benchmarks, off by default)
 #   PYTEST_ARGS="-k random_case" ...          (extra pytest arguments)
@@ -151,6 +151,13 @@ if has profile; then  # ms per step, GPU busy %, host syncs per step
     --cfg ${PROFILE_CFG:-configs/pattern-gps.yaml} \
     --variants ${PROFILE_VARIANTS:-dfgnn,pyg-runner} \
     --json "$OUT/profile_step.json" ${PROFILE_ARGS:-}
+fi
+if has compilelog; then  # why a compiled dfgnn step is slow: recompiles,
+  # graph breaks, cudagraph re-records of a few steps
+  stage compilelog ${COMPILELOG_TIMEOUT:-150} env \
+    TORCH_LOGS=recompiles,graph_breaks,cudagraphs $PY scripts/profile_step.py \
+    --cfg ${PROFILE_CFG:-configs/pattern-gps.yaml} --variants dfgnn-compile \
+    --steps 8 --profile-steps 2 --json "$OUT/profile_compile.json"
 fi
 if has e2e; then  # same config, backend pyg vs dfgnn, same data and epochs
   stage e2e ${E2E_TIMEOUT:-300} $PY -m pyg_dfgnn bench-e2e \

@@ -8,7 +8,9 @@ Variants: ``pyg`` (PyG backend, PyG DataLoader, eager: as GraphGPS runs
 it), ``pyg-runner`` (PyG backend, device loader, step as CUDA graphs),
 ``dfgnn-eager`` (device loader, eager), ``dfgnn`` (device loader, CUDA
 graphs), ``pyg-runner-compile`` / ``dfgnn-compile`` (device loader, step
-through torch.compile, mode='reduce-overhead'). Captures and compilation
+through torch.compile, mode='reduce-overhead'), ``dfgnn-fused`` /
+``dfgnn-padded`` (``dfgnn`` with the global attention through our op on
+the complete graph / GraphGPS's padding instead of the varlen kernel). Captures and compilation
 happen in the ``--steps`` warm-up steps, before the timed ones.
 
     python scripts/profile_step.py --cfg configs/pattern-gps.yaml \
@@ -38,6 +40,12 @@ VARIANTS = {
                            'train.capture=compile'],
     'dfgnn-compile': ['backend=dfgnn', 'train.loader=device',
                       'train.capture=compile'],
+    # the global attention's other kernels (gt.attn_impl; 'dfgnn' runs the
+    # default, varlen on CUDA)
+    'dfgnn-fused': ['backend=dfgnn', 'train.loader=device',
+                    'train.capture=graphs', 'gt.attn_impl=fused'],
+    'dfgnn-padded': ['backend=dfgnn', 'train.loader=device',
+                     'train.capture=graphs', 'gt.attn_impl=padded'],
 }
 SYNC_KEYS = ('cudaStreamSynchronize', 'cudaDeviceSynchronize', 'aten::item',
              'aten::_local_scalar_dense', 'aten::nonzero', 'cudaMemcpyAsync')
@@ -49,7 +57,7 @@ def main():
     p.add_argument('--size', type=int, default=2000)
     p.add_argument('--steps', type=int, default=40)
     p.add_argument('--profile-steps', type=int, default=8)
-    p.add_argument('--variants', default=','.join(VARIANTS))
+    p.add_argument('--variants', default='pyg,pyg-runner,dfgnn-eager,dfgnn')
     p.add_argument('--json', default=None)
     p.add_argument('overrides', nargs='*')
     args = p.parse_args()

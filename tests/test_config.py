@@ -104,10 +104,37 @@ def test_unknown_key_suggests_the_close_one(tmp_path):
     ('dataset.edge_encoder_num_types=0',
      "'dataset.edge_encoder_num_types' must be >= 1"),
     ('dataset.sbm_edge_attr=random', "'dataset.sbm_edge_attr' must be one of"),
+    ('gt.attn_impl=flash', "'gt.attn_impl' must be one of"),
 ])
 def test_bad_values_name_the_key(override, match):
     with pytest.raises(ConfigError, match=match):
         load_config(overrides=[override])
+
+
+@pytest.mark.parametrize('impl', ['varlen', 'fused'])
+def test_attn_impl_is_for_backend_dfgnn(impl):
+    with pytest.raises(ConfigError, match="'gt.attn_impl' .* backend dfgnn"):
+        load_config(overrides=['backend=pyg', f'gt.attn_impl={impl}'])
+    load_config(overrides=['backend=pyg', 'gt.attn_impl=padded'])
+
+
+def test_attn_impl_resolves_per_device():
+    from pyg_dfgnn.train.model import global_attn_impl
+    assert global_attn_impl('auto', 'dfgnn', 'cpu') == 'fused'
+    assert global_attn_impl('auto', 'dfgnn', 'cuda') == 'varlen'
+    assert global_attn_impl('auto', 'pyg', 'cuda') == 'padded'
+    assert global_attn_impl('padded', 'dfgnn', 'cpu') == 'padded'
+    with pytest.raises(ConfigError, match='CUDA only'):
+        global_attn_impl('varlen', 'dfgnn', 'cpu')
+    # compiled: PyTorch cannot trace the varlen kernel's backward
+    assert global_attn_impl('auto', 'dfgnn', 'cuda', compiling=True) == \
+        'padded'
+    assert global_attn_impl('auto', 'dfgnn', 'cpu', compiling=True) == \
+        'fused'
+    with pytest.raises(ConfigError, match='does not compile'):
+        global_attn_impl('varlen', 'dfgnn', 'cuda', compiling=True)
+    with pytest.raises(ConfigError, match='does not compile'):
+        load_config(overrides=['gt.attn_impl=varlen', 'train.capture=compile'])
 
 
 def test_head_divisibility_checked():

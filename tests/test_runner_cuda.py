@@ -37,14 +37,18 @@ def setup(tmp_path, config, *extra, pad=False, capture='none'):
     return cfg, model, opt, list(loader), stats
 
 
-@pytest.mark.parametrize('config,backend', [
-    ('pattern-gps', 'dfgnn'), ('pattern-gps', 'pyg'),
-    ('pattern-gps-edge', 'dfgnn'), ('pattern-gat', 'dfgnn'),
-    ('pattern-gt', 'dfgnn'), ('cluster-gps', 'dfgnn'), ('demo', 'dfgnn')])
+@pytest.mark.parametrize('config,backend,attn_impl', [
+    ('pattern-gps', 'dfgnn', 'auto'), ('pattern-gps', 'dfgnn', 'fused'),
+    ('pattern-gps', 'dfgnn', 'padded'), ('pattern-gps', 'pyg', 'auto'),
+    ('pattern-gps-edge', 'dfgnn', 'auto'), ('pattern-gat', 'dfgnn', 'auto'),
+    ('pattern-gt', 'dfgnn', 'auto'), ('cluster-gps', 'dfgnn', 'auto'),
+    ('demo', 'dfgnn', 'auto')])
 @pytest.mark.parametrize('pad', [False, True])
-def test_training_step_has_no_host_sync(tmp_path, config, backend, pad):
+def test_training_step_has_no_host_sync(tmp_path, config, backend, attn_impl,
+                                        pad):
     cfg, model, opt, batches, stats = setup(
-        tmp_path, config, f'backend={backend}', pad=pad)
+        tmp_path, config, f'backend={backend}', f'gt.attn_impl={attn_impl}',
+        pad=pad)
     model.train()
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda e: 0.5)
     train_step(model, opt, batches[0], cfg, stats)  # first-call setup
@@ -57,6 +61,58 @@ def test_training_step_has_no_host_sync(tmp_path, config, backend, pad):
         torch.cuda.set_sync_debug_mode(0)
     sched.step()
     assert stats.result()['graphs'] == 24
+
+
+@pytest.mark.parametrize('pad', [False, True])
+def test_global_attention_paths_agree(tmp_path, pad):
+    """The global attention's three paths (varlen segments, the fused op on
+    the block-diagonal complete graph, GraphGPS's padding) give one output
+    on the real nodes and one gradient, on device batches with padding
+    nodes and empty slots (pad) and on the PyG batch's ``ptr`` (varlen)."""
+    from pyg_dfgnn.train.model import (fused_global_attention,
+                                       padded_attention, varlen_attention,
+                                       segment_bounds)
+    cfg, model, _, batches, _ = setup(
+        tmp_path, 'pattern-gps', 'gt.attn_impl=fused', pad=pad)
+    attn = model.layers[0].self_attn.eval()
+    for batch in batches:
+        real = batch.num_real_nodes
+        x = torch.randn(batch.num_nodes, attn.embed_dim, device=DEV,
+                        requires_grad=True)
+        g_out = torch.randn(real, attn.embed_dim, device=DEV)
+        outs, grads = [], []
+        for run in (lambda: varlen_attention(attn, x, *segment_bounds(batch),
+                                             False),
+                    lambda: fused_global_attention(attn, x, batch.attn_graph,
+                                                   False),
+                    lambda: padded_attention(attn, x, batch)):
+            out = run()[:real]
+            outs.append(out)
+            grads.append(torch.autograd.grad(out, (x, attn.in_proj_weight),
+                                             g_out))
+        for out, grad in zip(outs[1:], grads[1:]):
+            torch.testing.assert_close(out, outs[0], rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(grad[0][:real], grads[0][0][:real],
+                                       rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(grad[1], grads[0][1], rtol=1e-4,
+                                       atol=1e-4)
+        assert torch.isfinite(grads[0][0]).all()  # padding rows too
+    # a PyG batch's ptr (an empty graph among them, the largest graph
+    # read on the host), head sizes the kernel takes padded (D = 6, 10)
+    bounds = torch.tensor([0, 3, 3, 10, 11], device=DEV)
+
+    class Ptr:
+        ptr = bounds
+    for dim, heads in ((64, 4), (48, 8), (80, 8)):
+        attn = torch.nn.MultiheadAttention(dim, heads, batch_first=True,
+                                           device=DEV).eval()
+        x = torch.randn(11, dim, device=DEV)
+        got = varlen_attention(attn, x, *segment_bounds(Ptr), False)
+        for lo, hi in ((0, 3), (3, 10), (10, 11)):
+            seg = x[lo:hi].unsqueeze(0)
+            want = attn(seg, seg, seg, need_weights=False)[0][0]
+            torch.testing.assert_close(got[lo:hi], want, rtol=1e-4,
+                                       atol=1e-5)
 
 
 # No random draws (dropout, LapPE's sign flips): replays and compiled code

@@ -235,9 +235,38 @@ def test_smmf_forward_tc_backward_is_picked_and_matches(dtype):
     assert cuda._plan(sparse, 'dot', q, v, None, backward=True)[0] == 0
 
 
-def test_smmf_forward_tc_backward_without_a_sync():
-    """A device batch (graph_windows) decides strategy 4 without a host
-    sync: the captured training step may not sync."""
+@pytest.mark.parametrize('dtype', (torch.float16, torch.bfloat16))
+@pytest.mark.parametrize('dh', (32, 128))
+def test_tc_forward_is_picked_where_dense_and_matches(dtype, dh):
+    """Without a strategy, a fp16 / bf16 'dot' batch at least
+    TC_FWD_MIN_MEAN_DEGREE[D] dense runs the TC forward too (strategy 2;
+    3 without a backward), with the reference's outputs and gradients; one
+    below it keeps the SMMF forward (4 / 0)."""
+    cuda = _cuda()
+    g = torch.Generator().manual_seed(11)
+    need = cuda.TC_FWD_MIN_MEAN_DEGREE[dh]
+    heads = 128 // dh
+    ei, n = dense_batch([100, 37, 128, 1, 90], need, g)
+    graph = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
+    q, k, v = inputs(n, heads, dh, dtype, g)
+    assert cuda._plan(graph, 'dot', q, v, None, backward=True)[0] == 2
+    assert cuda._plan(graph, 'dot', q, v, None, backward=False)[0] == 3
+    assert cuda._plan(graph, 'dot', q, v, None, backward=False,
+                      features=True)[0] == 0
+    check(cuda, graph, v, q, k, dtype, f'{dtype} D={dh} auto TC',
+          strategy=None)
+    ei, n = dense_batch([100, 37, 128, 1, 90], need - 1, g)
+    thinner = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
+    q, _, v = inputs(n, heads, dh, dtype, g)
+    assert cuda._plan(thinner, 'dot', q, v, None, backward=True)[0] == (
+        4 if need - 1 >= cuda.TC_BWD_MIN_MEAN_DEGREE else 0)
+    assert cuda._plan(thinner, 'dot', q, v, None, backward=False)[0] == 0
+
+
+def test_tc_plan_without_a_sync():
+    """A device batch (graph_windows) decides the tensor-core plan (TC
+    forward, with the TC backward) without a host sync: the captured
+    training step may not sync."""
     cuda = _cuda()
     g = torch.Generator().manual_seed(8)
     sizes = [100, 120, 64]
@@ -253,8 +282,11 @@ def test_smmf_forward_tc_backward_without_a_sync():
     torch.cuda.set_sync_debug_mode('error')
     try:
         plan = cuda._plan(graph, 'dot', q, v, None, backward=True)
+        fwd_plan = cuda._plan(graph, 'dot', q, v, None, backward=False)
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    assert plan[0] == 4 and plan[2] is bounds
-    check(cuda, graph, v, q, k, torch.bfloat16, 'device batch, strategy 4',
+    # (D = 64: the TC forward pays from a mean in-degree of 24)
+    assert plan[0] == 2 and plan[2] is bounds
+    assert fwd_plan[0] == 3 and fwd_plan[2] is bounds
+    check(cuda, graph, v, q, k, torch.bfloat16, 'device batch, strategy 2',
           strategy=None)

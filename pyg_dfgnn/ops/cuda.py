@@ -28,9 +28,9 @@ from pyg_dfgnn.ops._loader import load_kernels
 
 KIND_IDS = {'dot': 0, 'add': 1, 'gatv2': 2}
 #: Tensor-core windows (kernels/fwd_tc_kernel.cuh, bwd_tc_kernel.cuh) of at
-#: most TC_MAX_SOURCES sources. Strategy ids: 3 = TC forward (asked for as
-#: 'tc'), 2 = TC forward and backward, 4 = SMMF forward and TC backward
-#: (picked without being asked, _tc_backward_pays).
+#: most TC_MAX_SOURCES sources. Strategy ids: 3 = TC forward, 2 = TC forward
+#: and backward, 4 = SMMF forward and TC backward; asked for as 'tc' (3 / 2)
+#: or picked for dense fp16 / bf16 graphs without being asked (_tc_dense).
 TC = 'tc'
 TC_MAX_SOURCES = 128
 TC_HEAD_DIMS = (16, 32, 64, 128)
@@ -43,6 +43,13 @@ TC_MAX_DEGREE = 255
 #: (TC 1.5x faster at mean in-degree 42 and 32, 1.3x slower at 7.6); even
 #: near 24 on dense batch graphs.
 TC_BWD_MIN_MEAN_DEGREE = 24
+#: Mean in-degree from which the TC forward (16-byte staging) beats SMMF's,
+#: per head size D (fp16 / bf16). H100, session 10: TC ~2.2 ns per row at
+#: D = 128 and ~3.6 at D = 32, SMMF ~0.10 / ~0.12 ns per edge: break-even
+#: near 22 and 30 (TC 1.78x faster on pattern-like 1x128, mean degree 42;
+#: 1.46x on cluster-like 1x128, 32; even on cluster-like 4x32; 0.80x on
+#: mnist-like, 7.6).
+TC_FWD_MIN_MEAN_DEGREE = {16: 32, 32: 32, 64: 24, 128: 24}
 _TC_HALF_DTYPES = (torch.float16, torch.bfloat16)
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _registered = False
@@ -269,14 +276,40 @@ _PLANS_ATTR = '_dfgnn_cuda_plans'
 Plan = Tuple[int, int, Optional[Tensor], int, Optional[Tensor], int, int]
 
 
-def _tc_backward_pays(graph, kind: str, query: Tensor, value: Tensor) -> bool:
-    """Whether an SMMF forward should hand its backward to the tensor-core
-    windows (strategy 4): fp16 / bf16 'dot' with D = F the TC kernels take,
-    dense enough (TC_BWD_MIN_MEAN_DEGREE), multiplicities within a byte.
-    Shapes and host-known bounds only (no sync)."""
+def _tc_dense(graph, kind: str, query: Tensor, value: Tensor,
+              min_mean_degree: int) -> bool:
+    """Whether the tensor-core windows pay without being asked for: fp16 /
+    bf16 'dot' with D = F the TC kernels take, mean in-degree at least
+    ``min_mean_degree``, multiplicities within a byte. Shapes and host-known
+    bounds only (no sync)."""
     return (_tc_takes(kind, query, value) and value.dtype in _TC_HALF_DTYPES
             and graph.num_dst > 0 and graph.max_in_degree <= TC_MAX_DEGREE
-            and graph.num_edges >= TC_BWD_MIN_MEAN_DEGREE * graph.num_dst)
+            and graph.num_edges >= min_mean_degree * graph.num_dst)
+
+
+def _tc_auto_plan(graph, kind: str, query: Tensor, value: Tensor,
+                  backward: bool) -> Optional[Tuple[int, Tensor, int]]:
+    """``(strategy id, windows, stage_nodes)`` of the tensor-core windows
+    for a dense fp16 / bf16 graph asked for no strategy: TC forward (3; 2
+    with the TC backward), or SMMF forward on the TC windows and TC backward
+    (4) where only the backward pays; ``None``: SMMF / PMF."""
+    fwd_pays = _tc_dense(graph, kind, query, value,
+                         TC_FWD_MIN_MEAN_DEGREE.get(value.shape[2], 1 << 30))
+    bwd_pays = backward and _tc_dense(graph, kind, query, value,
+                                      TC_BWD_MIN_MEAN_DEGREE)
+    if not (fwd_pays or bwd_pays):
+        return None
+    windows, span = graph.row_windows(TC_MAX_SOURCES)
+    if windows is None:
+        return None
+    bwd_ok = bwd_pays and _tc_backward_ok(graph, windows, kind, query, value)
+    if fwd_pays and not backward:
+        return 3, windows, span
+    if bwd_ok:
+        # (a TC forward whose backward cannot take the windows is not
+        # measured: SMMF then)
+        return (2 if fwd_pays else 4), windows, span
+    return None
 
 
 def _plan(graph, kind: str, query: Tensor, value: Tensor,
@@ -330,14 +363,11 @@ def _plan(graph, kind: str, query: Tensor, value: Tensor,
         if backward and _tc_backward_ok(graph, windows, kind, query, value):
             sid = 2  # the backward's tensor-core windows too
     elif strategy == SMMF:
-        if chosen and backward and not features and \
-                _tc_backward_pays(graph, kind, query, value):
-            tc_windows, tc_span = graph.row_windows(TC_MAX_SOURCES)
-            if tc_windows is not None and _tc_backward_ok(
-                    graph, tc_windows, kind, query, value):
-                # SMMF forward on the TC windows, TC backward
-                sid, windows, stage_nodes = 4, tc_windows, tc_span
-        if sid != 4:
+        tc = _tc_auto_plan(graph, kind, query, value, backward) \
+            if chosen and not features else None
+        if tc is not None:
+            sid, windows, stage_nodes = tc
+        else:
             windows, stage_nodes = graph.row_windows(
                 _stage_capacity(kind, query, value))
     col_windows, col_stage_nodes, max_out_degree = None, 0, -1

@@ -53,6 +53,10 @@ class GraphBatch:
       layout, ``dense_index`` [N] (node -> row ``b * max_num_nodes + i``,
       padding nodes -> row ``num_slots * max_num_nodes``) and
       ``num_slots`` (graph slots of that layout);
+    * ``graph_bounds`` [num_slots + k + 1]: row offsets of the graphs, the
+      empty slots and the padding nodes' windows (each at most
+      ``max_graph_nodes`` rows; the kernels' graph windows and the varlen
+      global attention's ``cu_seqlens``);
     * ``num_graphs`` (int, real graphs), ``num_real_nodes`` (int),
       ``graph_count`` (0-d float tensor, ``num_graphs`` on the device).
     """
@@ -455,7 +459,9 @@ class GraphStore:
             dense_index = torch.cat([dense_index, dense_index.new_full(
                 (n_extra, ), slots * width)])
         out['dense_index'] = dense_index
+        out['graph_bounds'] = bounds
         return GraphBatch(**out, node_mask=node_mask, max_num_nodes=width,
+                          max_graph_nodes=self.max_graph_nodes,
                           num_slots=slots, num_graphs=b, num_real_nodes=n,
                           graph_count=torch.full((), float(b), device=dev))
 

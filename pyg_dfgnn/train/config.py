@@ -59,6 +59,8 @@ def _dropout(default=0.0, help=''):
     return _f(default, float, min=0.0, max=1.0, help=help)
 
 
+#: ``gt.attn_impl``: how the global attention runs (backend dfgnn).
+GLOBAL_ATTN_IMPLS = ('auto', 'varlen', 'fused', 'padded')
 LOCAL_LAYERS = ('DFGAT', 'DFGATv2', 'DFTransformer', 'DFAGNN', 'GINE', 'GCN',
                 'None')
 #: Local layers with attention dropout (``gt.local_attn_dropout``).
@@ -199,6 +201,14 @@ SCHEMA: Dict[str, Any] = {
                                  'DFGAT / DFGATv2 / DFTransformer conv'),
         'layer_norm': _f(False),
         'batch_norm': _f(True),
+        'attn_impl': _f('auto', choices=GLOBAL_ATTN_IMPLS,
+                        help="the global attention's kernel (backend "
+                        "dfgnn): 'varlen' (PyTorch's memory-efficient "
+                        "attention over each graph's nodes, CUDA), "
+                        "'fused' (our op over the block-diagonal complete "
+                        "graph), 'padded' (GraphGPS's padded "
+                        "nn.MultiheadAttention); 'auto': varlen on CUDA, "
+                        "fused elsewhere. Backend pyg: padded only"),
     },
     'gnn': {
         'head': _f('inductive_node', choices=('inductive_node', )),
@@ -376,6 +386,15 @@ def validate(cfg: Config) -> Config:
     if heads_needed and cfg.gt.dim_hidden % cfg.gt.n_heads:
         raise ConfigError(f"'gt.dim_hidden' ({cfg.gt.dim_hidden}) must be a "
                           f"multiple of 'gt.n_heads' ({cfg.gt.n_heads})")
+    if cfg.backend == 'pyg' and cfg.gt.attn_impl not in ('auto', 'padded'):
+        raise ConfigError(f"'gt.attn_impl' {cfg.gt.attn_impl!r} is for "
+                          f"backend dfgnn; backend pyg runs GraphGPS's padded "
+                          f"attention (leave it 'auto')")
+    if cfg.gt.attn_impl == 'varlen' and canonical_value(
+            'train.capture', cfg.train.capture) == 'compile':
+        raise ConfigError("'gt.attn_impl' varlen does not compile (PyTorch's "
+                          "fake function of its backward fails): use 'auto' "
+                          "or 'padded' with train.capture=compile")
     if cfg.gt.layer_norm and cfg.gt.batch_norm:
         raise ConfigError("'gt.layer_norm' and 'gt.batch_norm' are exclusive")
     if cfg.gt.local_attn_dropout > 0 and local not in LOCAL_ATTN_LAYERS:

@@ -15,13 +15,24 @@ global model is multi-head attention over the nodes of each graph
 (``Transformer``) or ``None``.
 
 The global attention is GraphGPS's ``nn.MultiheadAttention`` over graphs
-padded to the largest (``to_dense_batch``). With ``backend='dfgnn'`` and a
-batch of the device loader (:mod:`pyg_dfgnn.train.batching`, which builds
-``attn_graph``), the same module's weights run through the fused op instead:
-``'dot'`` attention over the block-diagonal complete graph of the batch, no
-padding, no dense ``[B, L, L]`` scores. Device-loader batches also carry the
-dense layout (``dense_index``, ``max_num_nodes``), so the padded path runs
-without host syncs too.
+padded to the largest (``to_dense_batch``). With ``backend='dfgnn'`` the same
+module's weights run without padding, as ``gt.attn_impl`` says:
+
+* ``'varlen'`` (``'auto'`` on CUDA): PyTorch's memory-efficient attention
+  kernel over variable-length segments (each graph's nodes; the padding
+  nodes of a captured batch in segments of at most the largest graph),
+  ``cu_seqlens`` from the batch's graph bounds -- the kernel nested jagged
+  SDPA runs, without the nested tensors' host work;
+* ``'fused'`` (``'auto'`` elsewhere): our op, ``'dot'`` attention over the
+  block-diagonal complete graph of the batch (``attn_graph`` of the device
+  loader, :mod:`pyg_dfgnn.train.batching`);
+* ``'padded'``: GraphGPS's way.
+
+H100, pattern-gps, captured step: the complete graph's D = 16 heads leave
+our op 5x slower than the memory-efficient kernel (benchmarks/NOTES.md
+"Session 10"). Device-loader batches also carry the dense layout
+(``dense_index``, ``max_num_nodes``) and the graph bounds, so every path
+runs without host syncs.
 
 Batches padded for a captured step carry ``node_mask``: batch norms
 (:class:`MaskedBatchNorm1d`) take their statistics from the real nodes only.
@@ -38,7 +49,7 @@ features (GraphGPS's GAT local layer: ``GATConv(..., edge_dim=dim_h)``).
 from __future__ import annotations
 
 import importlib
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -195,6 +206,70 @@ def fused_global_attention(attn: nn.MultiheadAttention, x: Tensor, graph,
     return attn.out_proj(out.reshape(-1, dim))
 
 
+def varlen_attention(attn: nn.MultiheadAttention, x: Tensor, bounds: Tensor,
+                     max_len: int, training: bool) -> Tensor:
+    """``attn`` (its weights, dropout and scaling) over the segments
+    ``bounds`` (``[S + 1]`` row offsets, non-decreasing, 0 to ``N``; empty
+    segments allowed) of at most ``max_len`` rows each, through PyTorch's
+    memory-efficient attention kernel with ``cu_seqlens`` (CUDA): each row
+    attends to the rows of its segment. ``max_len`` must bound every
+    segment (the kernel skips rows past it): the device loader's bounds
+    come with their bound; :func:`segment_bounds` gives a PyG batch's."""
+    heads, dim = attn.num_heads, x.size(1)
+    head_dim = dim // heads
+    qkv = F.linear(x, attn.in_proj_weight, attn.in_proj_bias)
+    qkv = qkv.view(1, -1, 3, heads, head_dim)
+    # The kernel wants D a multiple of its alignment (fp32 4, else 8): zero
+    # columns change no score and give zero output columns (SDPA pads alike).
+    align = 4 if x.dtype == torch.float32 else 8
+    if head_dim % align:
+        qkv = F.pad(qkv, (0, -head_dim % align))
+    q, k, v = qkv.unbind(2)
+    cu = bounds.to(torch.int32)
+    p = attn.dropout if training else 0.0
+    out = torch.ops.aten._efficient_attention_forward(
+        q, k, v, None, cu, cu, max_len, max_len, p, 0,
+        torch.is_grad_enabled(), scale=head_dim**-0.5)[0]
+    return attn.out_proj(out[..., :head_dim].reshape(-1, dim))
+
+
+def segment_bounds(data: Any) -> Tuple[Tensor, int]:
+    """The graph bounds of a batch and a bound on their segments: the
+    device loader's (no sync), or a PyG ``Batch``'s ``ptr`` (one host sync
+    for the largest graph, as ``to_dense_batch``'s)."""
+    bounds = getattr(data, 'graph_bounds', None)
+    if bounds is not None:
+        return bounds, max(1, data.max_graph_nodes)
+    ptr = data.ptr
+    return ptr, max(1, int(ptr.diff().max())) if ptr.numel() > 1 else 1
+
+
+def global_attn_impl(impl: str, backend: str, device: Any,
+                     compiling: bool = False) -> str:
+    """``gt.attn_impl`` resolved for ``device``: ``'auto'`` is ``'varlen'``
+    on CUDA and ``'fused'`` elsewhere (backend pyg: ``'padded'``);
+    ``'varlen'`` needs CUDA. Under ``torch.compile`` (``compiling``)
+    ``'auto'`` is ``'padded'``: PyTorch's fake (meta) function of the
+    kernel's backward takes other arguments than the op (it lacks ``out``;
+    torch 2.11-2.14), so a compiled backward through it fails."""
+    cuda = torch.device(device).type == 'cuda'
+    if backend != 'dfgnn':
+        return 'padded'
+    if impl == 'auto':
+        return 'padded' if compiling and cuda else \
+            'varlen' if cuda else 'fused'
+    if impl == 'varlen' and not cuda:
+        raise ConfigError("'gt.attn_impl' varlen runs PyTorch's "
+                          "memory-efficient attention kernel, on CUDA only "
+                          "(use 'fused' or 'padded' on the CPU)")
+    if impl == 'varlen' and compiling:
+        raise ConfigError("'gt.attn_impl' varlen does not compile "
+                          "(torch.compile fails in PyTorch's fake function "
+                          "of its backward): use 'auto' or 'padded' with "
+                          "train.capture=compile, or train.capture=graphs")
+    return impl
+
+
 class GPSLayer(nn.Module):
     """One GPS layer: local MPNN + global attention + FFN (see module doc)."""
 
@@ -202,10 +277,11 @@ class GPSLayer(nn.Module):
                  backend: str, act: str = 'relu', dropout: float = 0.0,
                  attn_dropout: float = 0.0, layer_norm: bool = False,
                  batch_norm: bool = True, local_attn_dropout: float = 0.0,
-                 edge_features: bool = False):
+                 edge_features: bool = False, attn_impl: str = 'auto'):
         super().__init__()
         self.local_name, self.global_name = local, glob
         self.backend = backend
+        self.attn_impl = attn_impl
         self.dropout = dropout
         # GINE always takes edge features (a DummyEdge one by default).
         self.local_takes_edges = local == 'GINE' or edge_features
@@ -234,10 +310,11 @@ class GPSLayer(nn.Module):
     def forward(self, x: Tensor, edge_index, batch: Tensor,
                 edge_attr: Optional[Tensor] = None, data: Any = None,
                 mask: Optional[Tensor] = None) -> Tensor:
-        """``data`` (the batch) selects the global attention's path:
-        fused over ``data.attn_graph`` (backend dfgnn), the device loader's
-        dense layout, or ``to_dense_batch``; ``mask`` marks the real nodes
-        of a padded batch."""
+        """``data`` (the batch) and ``attn_impl`` select the global
+        attention's path (backend dfgnn): varlen over the graph bounds,
+        fused over ``data.attn_graph`` (when the batch has one); else the
+        device loader's dense layout, or ``to_dense_batch``. ``mask`` marks
+        the real nodes of a padded batch."""
         parts = []
         if self.local_model is not None:
             if self.local_takes_edges:
@@ -247,8 +324,13 @@ class GPSLayer(nn.Module):
             h = F.dropout(h, self.dropout, self.training)
             parts.append(_norm(self.norm_local, x + h, mask))
         if self.self_attn is not None:
+            impl = global_attn_impl(self.attn_impl, self.backend, x.device,
+                                    torch.compiler.is_compiling())
             attn_graph = getattr(data, 'attn_graph', None)
-            if attn_graph is not None and self.backend == 'dfgnn':
+            if impl == 'varlen' and data is not None:
+                h = varlen_attention(self.self_attn, x,
+                                     *segment_bounds(data), self.training)
+            elif impl == 'fused' and attn_graph is not None:
                 h = fused_global_attention(self.self_attn, x, attn_graph,
                                            self.training)
             elif getattr(data, 'dense_index', None) is not None:
@@ -355,7 +437,8 @@ class GPSModel(nn.Module):
             GPSLayer(dim, local, glob, cfg.gt.n_heads, cfg.backend,
                      cfg.gnn.act, cfg.gt.dropout, cfg.gt.attn_dropout,
                      cfg.gt.layer_norm, cfg.gt.batch_norm,
-                     cfg.gt.local_attn_dropout, ds.edge_encoder)
+                     cfg.gt.local_attn_dropout, ds.edge_encoder,
+                     cfg.gt.attn_impl)
             for _ in range(cfg.gt.layers)
         ])
         head = []  # GraphGPS's inductive node head: (Linear-BN-act) x L-1

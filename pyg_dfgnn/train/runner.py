@@ -470,6 +470,13 @@ def make_loaders(cfg: Config, bundle, device: torch.device, model,
     there with the DF formats the model uses; ``pad``: training batches
     padded to size buckets for a captured step). Both draw the training
     order from ``order`` alike: the same graphs per batch."""
+    from pyg_dfgnn.train.model import global_attn_impl
+    _, glob = split_layer_type(cfg.gt.layer_type)
+    # (raises here, before any epoch, for an impl the device cannot run)
+    impl = global_attn_impl(cfg.gt.attn_impl, cfg.backend, device,
+                            compiling=canonical_value(
+                                'train.capture', cfg.train.capture) ==
+                            'compile')
     size = cfg.train.batch_size
     if cfg.train.loader == 'pyg':
         from torch_geometric.loader import DataLoader
@@ -481,7 +488,6 @@ def make_loaders(cfg: Config, bundle, device: torch.device, model,
                 {split: DataLoader(ds, shuffle=False, **kw)
                  for split, ds in (('val', bundle.val),
                                    ('test', bundle.test))})
-    _, glob = split_layer_type(cfg.gt.layer_type)
     stores = {split: GraphStore(ds, device)
               for split, ds in bundle.splits().items()}
     width = max(s.max_graph_nodes for s in stores.values())
@@ -489,7 +495,7 @@ def make_loaders(cfg: Config, bundle, device: torch.device, model,
         s.max_nodes = width
     kw: Dict[str, Any] = dict(
         dfgraph=model.local_takes_dfgraph and stores['train'].sorted,
-        attention=cfg.backend == 'dfgnn' and glob == 'Transformer')
+        attention=glob == 'Transformer' and impl == 'fused')
     train_loader = DeviceLoader(stores['train'], size, shuffle=True,
                                 generator=order, pad=pad,
                                 num_slots=size if pad else None, **kw)
