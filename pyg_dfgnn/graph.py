@@ -316,7 +316,11 @@ class DFGraph:
     sync: ``csc``, ``max_out_degree`` and ``graph_windows`` = ``(bounds,
     span)``, graph boundaries that serve as both the row and the column
     windows (graphs are contiguous in both orders), each reading at most
-    ``span`` nodes.
+    ``span`` nodes. ``stage_windows`` = ``(bounds, span)``, optional: finer
+    row / column windows for the SMMF / PMF staging (graphs split into
+    pieces, so that a batch of a few graphs still fills the GPU); a piece
+    reads sources that other pieces read too, so the tensor-core backward,
+    whose windows must own their sources, keeps ``graph_windows``.
     """
     max_window_rows = 256  # owners of one window (see owner_windows)
 
@@ -325,7 +329,8 @@ class DFGraph:
                  max_in_degree: Optional[int] = None,
                  csc: Optional[Tuple[Tensor, Tensor, Tensor]] = None,
                  max_out_degree: Optional[int] = None,
-                 graph_windows: Optional[Tuple[Tensor, int]] = None) -> None:
+                 graph_windows: Optional[Tuple[Tensor, int]] = None,
+                 stage_windows: Optional[Tuple[Tensor, int]] = None) -> None:
         self.rowptr = rowptr
         self.col = col
         self.num_src = int(num_src)
@@ -337,15 +342,19 @@ class DFGraph:
         self._csc: Optional[Tuple[Tensor, Tensor, Tensor]] = csc
         self._max_out_degree: Optional[int] = None if max_out_degree is None \
             else int(max_out_degree)
-        if graph_windows is not None and self.num_src != self.num_dst:
+        if (graph_windows is not None or stage_windows is not None) and \
+                self.num_src != self.num_dst:
             # the bounds serve as the column windows too: a bipartite graph
             # would send the backward's cols pass past its sources
             raise ValueError(
-                f"'graph_windows' needs a graph whose sources are its "
+                f"'graph_windows' / 'stage_windows' need a graph whose "
+                f"sources are its "
                 f"destinations (got {self.num_src} sources, {self.num_dst} "
                 f"destinations)")
         self.graph_windows = None if graph_windows is None else (
             graph_windows[0], int(graph_windows[1]))
+        self.stage_windows = None if stage_windows is None else (
+            stage_windows[0], int(stage_windows[1]))
         self._row: Optional[Tensor] = None
         # ('row' | 'col', max_nodes, pack_rows) -> row_windows / col_windows
         self._windows: dict = {}
@@ -478,10 +487,12 @@ class DFGraph:
 
     def _cached_windows(self, which: str, max_nodes: int,
                         pack_rows: int) -> Tuple[Optional[Tensor], int]:
-        if self.graph_windows is not None:
+        # (getattr: graphs pickled before stage_windows existed)
+        given = getattr(self, 'stage_windows', None) or self.graph_windows
+        if given is not None:
             # none when a graph does not fit the staging capacity (the
             # kernels then read global memory)
-            bounds, span = self.graph_windows
+            bounds, span = given
             return (bounds, span) if 1 <= span <= max_nodes else (None, 0)
         key = (which, int(max_nodes), int(pack_rows))
         if key not in self._windows:
@@ -548,9 +559,10 @@ class DFGraph:
             t.to(device) for t in self._csc)
         out._row = None if self._row is None else self._row.to(device)
         out._windows = {}
-        if self.graph_windows is not None:
-            out.graph_windows = (self.graph_windows[0].to(device),
-                                 self.graph_windows[1])
+        for name in ('graph_windows', 'stage_windows'):
+            given = getattr(self, name, None)
+            if given is not None:
+                setattr(out, name, (given[0].to(device), given[1]))
         return out
 
     def cuda(self) -> 'DFGraph':

@@ -46,6 +46,10 @@ VARIANTS = {
                     'train.capture=graphs', 'gt.attn_impl=fused'],
     'dfgnn-padded': ['backend=dfgnn', 'train.loader=device',
                      'train.capture=graphs', 'gt.attn_impl=padded'],
+    # one staging window per graph (train.windows_per_graph=1)
+    'dfgnn-graph-windows': ['backend=dfgnn', 'train.loader=device',
+                            'train.capture=graphs',
+                            'train.windows_per_graph=1'],
 }
 SYNC_KEYS = ('cudaStreamSynchronize', 'cudaDeviceSynchronize', 'aten::item',
              'aten::_local_scalar_dense', 'aten::nonzero', 'cudaMemcpyAsync')

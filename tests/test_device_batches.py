@@ -160,6 +160,43 @@ def test_padded_shapes_are_few_and_fixed(tmp_path):
         assert len(keys) <= len(levels), (split, keys)
 
 
+@pytest.mark.parametrize('pad', [False, True])
+def test_stage_windows_split_each_graph(tmp_path, pad):
+    """windows_per_graph pieces per graph slot: in order from 0 to the last
+    node, each piece inside one graph (or the padding), at most
+    ceil(max_graph_nodes / pieces) rows; the graph windows stay (the TC
+    backward's); the shape is fixed for a padded level."""
+    _, bundle = bundle_of(tmp_path)
+    store = GraphStore(bundle.train, 'cpu')
+    rows = store.max_graph_nodes
+    shapes = set()
+    for ids in (torch.tensor([4, 1, 9]), torch.tensor([2]),
+                torch.tensor([0, 3, 5])):
+        one = store.batch(ids, attention=True, pad=pad, num_slots=5)
+        got = store.batch(ids, attention=True, pad=pad, num_slots=5,
+                          windows_per_graph=3)
+        for g in (got.dfgraph, got.attn_graph):
+            assert torch.equal(g.graph_windows[0],
+                               one.dfgraph.graph_windows[0])
+            stage, span = g.stage_windows
+            assert span == rows
+            assert g.row_windows(rows) == g.stage_windows
+            assert int(stage[0]) == 0 and int(stage[-1]) == got.num_nodes
+            assert (stage.diff() >= 0).all()
+            sizes = stage.diff()
+            slots = got.ptr.numel() - 1
+            assert int(sizes[:3 * slots].max()) <= -(-rows // 3)
+            assert int(sizes[3 * slots:].max()) <= rows  # padding windows
+            graph_of = torch.bucketize(stage[:-1], got.ptr, right=True)
+            last = torch.bucketize(stage[1:] - 1, got.ptr, right=True)
+            inside = (graph_of == last) | (stage.diff() == 0)
+            assert inside.all()
+        shapes.add(got.dfgraph.stage_windows[0].numel())
+        assert one.dfgraph.stage_windows is None
+    if pad:  # a piece count per slot, whatever the graphs
+        assert len(shapes) <= len(store.size_levels(5, True))
+
+
 def test_partial_batch_pads_graph_level_rows(tmp_path):
     _, bundle = bundle_of(tmp_path)
     graphs = []

@@ -17,34 +17,47 @@ def test_tc_fragment_bookkeeping():
     mod.main()
 
 
-def test_tc_backward_pays_on_dense_half_precision_dot_only():
-    """Strategy 4's rule (ops/cuda.py, shapes and host bounds only): fp16 /
-    bf16 'dot' with D = F the TC kernels take, mean in-degree >= the
-    threshold, multiplicities within a byte."""
+def test_tc_auto_plan_on_dense_half_precision_dot_only():
+    """The tensor-core windows picked without being asked (ops/cuda.py,
+    shapes and host bounds only): fp16 / bf16 'dot' with D = F the TC
+    kernels take, multiplicities within a byte; TC forward (3, with the TC
+    backward 2) from TC_FWD_MIN_MEAN_DEGREE[D], SMMF forward + TC backward
+    (4) from TC_BWD_MIN_MEAN_DEGREE, else none."""
     import torch
     from pyg_dfgnn.graph import DFGraph
     from pyg_dfgnn.ops import cuda
 
-    def graph(n, degree):
+    def graph(n, degree):  # a batch of two graphs of n / 2 nodes
+        gen = torch.Generator().manual_seed(0)
         dst = torch.arange(n).repeat_interleave(degree)
-        src = torch.randint(0, n, (n * degree, ),
-                            generator=torch.Generator().manual_seed(0))
+        src = torch.randint(0, n // 2, (n * degree, ), generator=gen)
+        src = src + (dst >= n // 2) * (n // 2)
         return DFGraph.from_edge_index(torch.stack([src, dst]), num_nodes=n)
-
-    t = cuda.TC_BWD_MIN_MEAN_DEGREE
-    dense, sparse = graph(64, t), graph(64, t - 1)
 
     def qv(dtype, d=32, f=32, heads=2):
         return (torch.zeros(64, heads, d, dtype=dtype),
                 torch.zeros(64, heads, f, dtype=dtype))
 
+    t_bwd = cuda.TC_BWD_MIN_MEAN_DEGREE
+    t_fwd = cuda.TC_FWD_MIN_MEAN_DEGREE[32]
+    assert t_fwd > t_bwd
+    fwd_dense, bwd_dense, sparse = (graph(64, t_fwd), graph(64, t_bwd),
+                                    graph(64, t_bwd - 1))
+
+    def sid(g, *args, backward=True, kind='dot'):
+        plan = cuda._tc_auto_plan(g, kind, *args, backward)
+        return None if plan is None else plan[0]
+
     for dtype in (torch.float16, torch.bfloat16):
-        assert cuda._tc_backward_pays(dense, 'dot', *qv(dtype))
-        assert not cuda._tc_backward_pays(sparse, 'dot', *qv(dtype))
-        assert not cuda._tc_backward_pays(dense, 'dot', *qv(dtype, 32, 64))
-        assert not cuda._tc_backward_pays(dense, 'dot', *qv(dtype, 24, 24))
-        assert not cuda._tc_backward_pays(dense, 'add', *qv(dtype))
-    assert not cuda._tc_backward_pays(dense, 'dot', *qv(torch.float32))
+        assert sid(fwd_dense, *qv(dtype)) == 2
+        assert sid(fwd_dense, *qv(dtype), backward=False) == 3
+        assert sid(bwd_dense, *qv(dtype)) == 4
+        assert sid(bwd_dense, *qv(dtype), backward=False) is None
+        assert sid(sparse, *qv(dtype)) is None
+        assert sid(fwd_dense, *qv(dtype, 32, 64)) is None
+        assert sid(fwd_dense, *qv(dtype, 24, 24)) is None
+        assert sid(fwd_dense, *qv(dtype), kind='add') is None
+    assert sid(fwd_dense, *qv(torch.float32)) is None
     # in-degree 300: a multiplicity could pass a byte
-    assert not cuda._tc_backward_pays(graph(64, cuda.TC_MAX_DEGREE + 45),
-                                      'dot', *qv(torch.bfloat16))
+    assert sid(graph(64, cuda.TC_MAX_DEGREE + 45), *qv(torch.bfloat16)) \
+        is None

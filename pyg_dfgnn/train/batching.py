@@ -328,7 +328,8 @@ class GraphStore:
     def batch(self, ids: Tensor, ids_device: Optional[Tensor] = None, *,
               dfgraph: bool = True, attention: bool = False,
               pad: bool = False, num_slots: Optional[int] = None,
-              levels: int = LEVELS) -> GraphBatch:
+              levels: int = LEVELS,
+              windows_per_graph: int = 1) -> GraphBatch:
         r"""The batch of graphs ``ids``.
 
         Args:
@@ -349,6 +350,9 @@ class GraphStore:
                 the number of graphs).
             levels (int): padded shapes per split
                 (:meth:`size_levels`).
+            windows_per_graph (int): the staging windows of ``dfgraph`` /
+                ``attn_graph`` per graph slot (``stage_windows``; 1: the
+                graph windows, :func:`windows_per_graph`).
         """
         dev = self.device
         ids = ids.to(torch.int64)
@@ -416,6 +420,18 @@ class GraphStore:
         bounds = torch.cat([
             off, off.new_full((slots - b + 1, ), n),
             (n + rows * torch.arange(1, k + 1, device=dev)).clamp_(max=n_pad)])
+        stage = None
+        if windows_per_graph > 1 and self.max_graph_nodes > 1:
+            # Each graph slot in windows_per_graph pieces of equal rows (empty
+            # past a small graph's end: the shape stays fixed), then the
+            # padding windows. A piece reads its graph's sources: span as
+            # the graph windows'.
+            piece = -(-self.max_graph_nodes // windows_per_graph)
+            starts = (ptr[:-1, None] + piece * torch.arange(
+                windows_per_graph, device=dev)).minimum(ptr[1:, None])
+            g = ptr.numel() - 1
+            stage = (torch.cat([starts.flatten(), bounds[g:]]),
+                     self.max_graph_nodes)
         idx_dtype = self._src.dtype
         if dfgraph:
             if not self.sorted:
@@ -442,11 +458,12 @@ class GraphStore:
                 max_in_degree=self.max_in_degree,
                 csc=(colptr, csc_row.to(idx_dtype), csc_perm.to(idx_dtype)),
                 max_out_degree=self.max_out_degree,
-                graph_windows=(bounds, self.max_graph_nodes))
+                graph_windows=(bounds, self.max_graph_nodes),
+                stage_windows=stage)
         if attention:
             out['attn_graph'] = self._attention_graph(
                 cnt, off, batch[:n], n, ea, n_extra, ea_pad - ea, bounds,
-                idx_dtype)
+                idx_dtype, stage)
         # Padded-attention layout (pyg backend): node -> dense row.
         if pad:
             width = self.max_nodes
@@ -467,7 +484,9 @@ class GraphStore:
 
     def _attention_graph(self, cnt: Tensor, off: Tensor, batch: Tensor,
                          n: int, ea: int, n_extra: int, ea_extra: int,
-                         bounds: Tensor, idx_dtype: torch.dtype) -> DFGraph:
+                         bounds: Tensor, idx_dtype: torch.dtype,
+                         stage: Optional[Tuple[Tensor, int]] = None
+                         ) -> DFGraph:
         """The block-diagonal complete graph: CSR row ``i`` of graph ``g``
         holds all nodes of ``g`` in order; it is symmetric, so its CSC has
         the same pointers and CSC entry (source ``s``, destination ``d``) is
@@ -503,7 +522,26 @@ class GraphStore:
                        csc=(rowptr, csc_row.to(idx_dtype),
                             csc_perm.to(idx_dtype)),
                        max_out_degree=self.max_nodes,
-                       graph_windows=(bounds, self.max_graph_nodes))
+                       graph_windows=(bounds, self.max_graph_nodes),
+                       stage_windows=stage)
+
+
+#: The fewest rows of a staging window piece (windows_per_graph): below it
+#: a block's fixed costs (staging the graph's rows) outweigh the parallelism.
+MIN_PIECE_ROWS = 16
+
+
+def windows_per_graph(slots: int, max_graph_nodes: int, device: Any) -> int:
+    """Staging windows per graph slot for batches of ``slots`` graphs: about
+    two blocks per SM (one window per graph left a batch of 32 graphs 32
+    blocks on an H100's 132 SMs), pieces of at least MIN_PIECE_ROWS rows;
+    1 off CUDA."""
+    device = torch.device(device)
+    if device.type != 'cuda':
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    want = -(-2 * sms // max(1, slots))
+    return max(1, min(want, max_graph_nodes // MIN_PIECE_ROWS))
 
 
 def _pad_loops(start: int, n_extra: int, e_extra: int,

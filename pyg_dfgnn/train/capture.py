@@ -47,7 +47,8 @@ def batch_key(batch: GraphBatch) -> Tuple[int, ...]:
 
 
 def _graph_tensors(g: DFGraph) -> Tuple[Tensor, ...]:
-    return (g.rowptr, g.col, *g.csc(), g.graph_windows[0])
+    stage = () if g.stage_windows is None else (g.stage_windows[0], )
+    return (g.rowptr, g.col, *g.csc(), g.graph_windows[0], *stage)
 
 
 def copy_batch(dst: GraphBatch, src: GraphBatch) -> None:

@@ -167,6 +167,11 @@ SCHEMA: Dict[str, Any] = {
                       'compile = torch.compile (inductor; on CUDA '
                       "mode='reduce-overhead'); none = eager. false / true "
                       'are none / graphs'),
+        'windows_per_graph': _f(0, min=0,
+                                help='staging windows of the fused kernels '
+                                'per graph of a device batch (SMMF / PMF '
+                                'blocks): 0 = enough for about two blocks per '
+                                'SM, 1 = one per graph'),
         'ddp_batch': _f('global', choices=('global', 'per_rank'),
                         help='data parallel (torchrun): global = '
                         'batch_size is the batch of all ranks together '

@@ -35,7 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from pyg_dfgnn.train.batching import DeviceLoader, GraphBatch, GraphStore
+from pyg_dfgnn.train.batching import (DeviceLoader, GraphBatch, GraphStore,
+                                     windows_per_graph)
 from pyg_dfgnn.train import distributed
 from pyg_dfgnn.train.config import (Config, ConfigError, canonical_value,
                                     default_config, dump_config,
@@ -43,6 +44,7 @@ from pyg_dfgnn.train.config import (Config, ConfigError, canonical_value,
 
 #: Config keys that may differ between a run and its resumption.
 RESUME_FREE_KEYS = ('device', 'num_threads', 'train.progress_bar',
+                    'train.windows_per_graph',
                     'train.num_workers', 'train.loader', 'train.eval_period',
                     'train.ckpt_period', 'train.time_limit_s')
 
@@ -493,9 +495,12 @@ def make_loaders(cfg: Config, bundle, device: torch.device, model,
     width = max(s.max_graph_nodes for s in stores.values())
     for s in stores.values():  # one dense width for every split
         s.max_nodes = width
+    pieces = cfg.train.windows_per_graph or windows_per_graph(
+        size, stores['train'].max_graph_nodes, device)
     kw: Dict[str, Any] = dict(
         dfgraph=model.local_takes_dfgraph and stores['train'].sorted,
-        attention=glob == 'Transformer' and impl == 'fused')
+        attention=glob == 'Transformer' and impl == 'fused',
+        windows_per_graph=pieces)
     train_loader = DeviceLoader(stores['train'], size, shuffle=True,
                                 generator=order, pad=pad,
                                 num_slots=size if pad else None, **kw)
