@@ -134,7 +134,17 @@ def test_attn_impl_resolves_per_device():
     with pytest.raises(ConfigError, match='does not compile'):
         global_attn_impl('varlen', 'dfgnn', 'cuda', compiling=True)
     with pytest.raises(ConfigError, match='does not compile'):
-        load_config(overrides=['gt.attn_impl=varlen', 'train.capture=compile'])
+        load_config(overrides=['gt.attn_impl=varlen', 'gt.attn_dropout=0',
+                               'train.capture=compile'])
+    # attention dropout in effect: padded (varlen + dropout is refused)
+    assert global_attn_impl('auto', 'dfgnn', 'cuda', dropout=0.5) == \
+        'padded'
+    assert global_attn_impl('auto', 'dfgnn', 'cpu', dropout=0.5) == 'fused'
+    with pytest.raises(ConfigError, match='dropout gradient is not verified'):
+        global_attn_impl('varlen', 'dfgnn', 'cuda', dropout=0.5)
+    with pytest.raises(ConfigError, match='dropout gradient is not verified'):
+        load_config(overrides=['gt.attn_impl=varlen'])  # attn_dropout 0.5
+    load_config(overrides=['gt.attn_impl=varlen', 'gt.attn_dropout=0'])
 
 
 def test_head_divisibility_checked():

@@ -59,6 +59,12 @@ def _dropout(default=0.0, help=''):
     return _f(default, float, min=0.0, max=1.0, help=help)
 
 
+#: Why ``gt.attn_impl: varlen`` is refused with attention dropout.
+VARLEN_DROPOUT_ERROR = (
+    "'gt.attn_impl' varlen with 'gt.attn_dropout' > 0 is refused: training "
+    "through it degraded where the padded path did not, and its dropout "
+    "gradient is not verified (scripts/varlen_dropout_check.py); use 'auto' "
+    "(varlen without dropout, padded with it) or 'padded'")
 #: ``gt.attn_impl``: how the global attention runs (backend dfgnn).
 GLOBAL_ATTN_IMPLS = ('auto', 'varlen', 'fused', 'padded')
 LOCAL_LAYERS = ('DFGAT', 'DFGATv2', 'DFTransformer', 'DFAGNN', 'GINE', 'GCN',
@@ -212,8 +218,10 @@ SCHEMA: Dict[str, Any] = {
                         "attention over each graph's nodes, CUDA), "
                         "'fused' (our op over the block-diagonal complete "
                         "graph), 'padded' (GraphGPS's padded "
-                        "nn.MultiheadAttention); 'auto': varlen on CUDA, "
-                        "fused elsewhere. Backend pyg: padded only"),
+                        "nn.MultiheadAttention); 'auto': varlen on CUDA "
+                        "(padded while training with attention dropout or "
+                        "compiled), fused elsewhere. Backend pyg: padded "
+                        "only"),
     },
     'gnn': {
         'head': _f('inductive_node', choices=('inductive_node', )),
@@ -395,6 +403,8 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"'gt.attn_impl' {cfg.gt.attn_impl!r} is for "
                           f"backend dfgnn; backend pyg runs GraphGPS's padded "
                           f"attention (leave it 'auto')")
+    if cfg.gt.attn_impl == 'varlen' and cfg.gt.attn_dropout > 0:
+        raise ConfigError(VARLEN_DROPOUT_ERROR)
     if cfg.gt.attn_impl == 'varlen' and canonical_value(
             'train.capture', cfg.train.capture) == 'compile':
         raise ConfigError("'gt.attn_impl' varlen does not compile (PyTorch's "

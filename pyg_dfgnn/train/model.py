@@ -18,7 +18,8 @@ The global attention is GraphGPS's ``nn.MultiheadAttention`` over graphs
 padded to the largest (``to_dense_batch``). With ``backend='dfgnn'`` the same
 module's weights run without padding, as ``gt.attn_impl`` says:
 
-* ``'varlen'`` (``'auto'`` on CUDA): PyTorch's memory-efficient attention
+* ``'varlen'`` (``'auto'`` on CUDA without attention dropout in effect:
+  evaluation, or ``gt.attn_dropout: 0``): PyTorch's memory-efficient attention
   kernel over variable-length segments (each graph's nodes; the padding
   nodes of a captured batch in segments of at most the largest graph),
   ``cu_seqlens`` from the batch's graph bounds -- the kernel nested jagged
@@ -26,7 +27,9 @@ module's weights run without padding, as ``gt.attn_impl`` says:
 * ``'fused'`` (``'auto'`` elsewhere): our op, ``'dot'`` attention over the
   block-diagonal complete graph of the batch (``attn_graph`` of the device
   loader, :mod:`pyg_dfgnn.train.batching`);
-* ``'padded'``: GraphGPS's way.
+* ``'padded'``: GraphGPS's way (``'auto'`` on CUDA while training with
+  attention dropout, and under ``torch.compile``: see
+  :func:`global_attn_impl`).
 
 H100, pattern-gps, captured step: the complete graph's D = 16 heads leave
 our op 5x slower than the memory-efficient kernel (benchmarks/NOTES.md
@@ -56,7 +59,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.utils import to_dense_batch
 
-from pyg_dfgnn.train.config import (Config, ConfigError, rwse_times,
+from pyg_dfgnn.train.config import (VARLEN_DROPOUT_ERROR, Config,
+                                    ConfigError, rwse_times,
                                     split_layer_type)
 
 #: DF conv name -> (class in pyg_dfgnn.nn, PyG twin in torch_geometric.nn).
@@ -245,19 +249,27 @@ def segment_bounds(data: Any) -> Tuple[Tensor, int]:
 
 
 def global_attn_impl(impl: str, backend: str, device: Any,
-                     compiling: bool = False) -> str:
+                     compiling: bool = False, dropout: float = 0.0) -> str:
     """``gt.attn_impl`` resolved for ``device``: ``'auto'`` is ``'varlen'``
     on CUDA and ``'fused'`` elsewhere (backend pyg: ``'padded'``);
-    ``'varlen'`` needs CUDA. Under ``torch.compile`` (``compiling``)
-    ``'auto'`` is ``'padded'``: PyTorch's fake (meta) function of the
-    kernel's backward takes other arguments than the op (it lacks ``out``;
-    torch 2.11-2.14), so a compiled backward through it fails."""
+    ``'varlen'`` needs CUDA. On CUDA ``'auto'`` is ``'padded'`` instead
+
+    * under ``torch.compile`` (``compiling``): PyTorch's fake (meta)
+      function of the kernel's backward takes other arguments than the op
+      (it lacks ``out``; torch 2.11-2.14), so a compiled backward through
+      it fails;
+    * with attention ``dropout`` in effect (training): a 30-epoch
+      pattern-gps run with the varlen kernel and dropout 0.5 degraded from
+      epoch 5 on (train loss 0.31 -> 0.46) while the padded one did not;
+      whether the kernel's dropout gradient is at fault is not confirmed
+      (scripts/varlen_dropout_check.py), so it is not used there."""
     cuda = torch.device(device).type == 'cuda'
     if backend != 'dfgnn':
         return 'padded'
     if impl == 'auto':
-        return 'padded' if compiling and cuda else \
-            'varlen' if cuda else 'fused'
+        if not cuda:
+            return 'fused'
+        return 'padded' if compiling or dropout > 0 else 'varlen'
     if impl == 'varlen' and not cuda:
         raise ConfigError("'gt.attn_impl' varlen runs PyTorch's "
                           "memory-efficient attention kernel, on CUDA only "
@@ -267,6 +279,8 @@ def global_attn_impl(impl: str, backend: str, device: Any,
                           "(torch.compile fails in PyTorch's fake function "
                           "of its backward): use 'auto' or 'padded' with "
                           "train.capture=compile, or train.capture=graphs")
+    if impl == 'varlen' and dropout > 0:
+        raise ConfigError(VARLEN_DROPOUT_ERROR)
     return impl
 
 
@@ -324,8 +338,10 @@ class GPSLayer(nn.Module):
             h = F.dropout(h, self.dropout, self.training)
             parts.append(_norm(self.norm_local, x + h, mask))
         if self.self_attn is not None:
-            impl = global_attn_impl(self.attn_impl, self.backend, x.device,
-                                    torch.compiler.is_compiling())
+            impl = global_attn_impl(
+                self.attn_impl, self.backend, x.device,
+                torch.compiler.is_compiling(),
+                self.self_attn.dropout if self.training else 0.0)
             attn_graph = getattr(data, 'attn_graph', None)
             if impl == 'varlen' and data is not None:
                 h = varlen_attention(self.self_attn, x,
