@@ -304,6 +304,14 @@ def owner_windows(owner: Tensor, nbr: Tensor, n_owner: int, n_nbr: int,
     return (split_long(bounds), span) if span <= max_nodes else (None, 0)
 
 
+def _within(given: Tuple[Tensor, int],
+            max_nodes: int) -> Tuple[Optional[Tensor], int]:
+    """Given ``(bounds, span)`` windows, or none when a window reads more
+    than ``max_nodes`` nodes (the kernels then read global memory)."""
+    bounds, span = given
+    return (bounds, span) if 1 <= span <= max_nodes else (None, 0)
+
+
 class DFGraph:
     r"""CSR by destination + CSC by source + permutations + degree stats.
 
@@ -490,10 +498,7 @@ class DFGraph:
         # (getattr: graphs pickled before stage_windows existed)
         given = getattr(self, 'stage_windows', None) or self.graph_windows
         if given is not None:
-            # none when a graph does not fit the staging capacity (the
-            # kernels then read global memory)
-            bounds, span = given
-            return (bounds, span) if 1 <= span <= max_nodes else (None, 0)
+            return _within(given, max_nodes)
         key = (which, int(max_nodes), int(pack_rows))
         if key not in self._windows:
             with torch.inference_mode(False):  # cached, as row
@@ -511,6 +516,16 @@ class DFGraph:
                     owner, nbr, n_owner, n_nbr, key[1], key[2],
                     self.max_window_rows)
         return self._windows[key]
+
+    def graph_row_windows(self, max_nodes: int
+                          ) -> Tuple[Optional[Tensor], int]:
+        """:meth:`row_windows`, except that a batch's given graph windows
+        (whole graphs, each owning its sources) come before its finer
+        ``stage_windows`` (pieces that share sources): the windows of the
+        tensor-core backward, whose blocks own their sources' gradients."""
+        if self.graph_windows is not None:
+            return _within(self.graph_windows, max_nodes)
+        return self.row_windows(max_nodes)
 
     def strategy(self, num_heads: int = 1) -> str:
         """SMMF or PMF for this graph and head count."""

@@ -40,7 +40,6 @@ def main() -> int:
     def padded(x, p):
         attn.dropout = p
         attn.train()
-        out = torch.empty_like(x)
         parts = []
         dense = x.new_zeros(4, max_len, dim)
         real = torch.zeros(4, max_len, dtype=torch.bool, device=dev)
@@ -54,8 +53,7 @@ def main() -> int:
         for i in range(4):
             lo, hi = int(bounds[i]), int(bounds[i + 1])
             parts.append(h[i, :hi - lo])
-        out = torch.cat(parts)
-        return out
+        return torch.cat(parts)
 
     bad = 0
     print(f"{'path':8s} {'p':>4s} {'autograd':>12s} {'numeric':>12s} "

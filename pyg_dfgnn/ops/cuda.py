@@ -227,17 +227,6 @@ def _tc_backward_ok(graph, windows: Tensor, kind: str, query: Tensor,
     return bool((hi[:-1] < lo[1:]).all())
 
 
-def _tc_row_windows(graph) -> Tuple[Optional[Tensor], int]:
-    """The TC kernels' row windows: a device batch's graph windows (not its
-    finer stage windows: the TC backward's windows own their sources), or
-    the graph's own of at most TC_MAX_SOURCES sources."""
-    given = graph.graph_windows
-    if given is not None:
-        bounds, span = given
-        return (bounds, span) if 1 <= span <= TC_MAX_SOURCES else (None, 0)
-    return graph.row_windows(TC_MAX_SOURCES)
-
-
 def _tc_single_window(graph) -> Tuple[Optional[Tensor], int]:
     """One window of all rows when the whole graph reads at most
     TC_MAX_SOURCES sources (``(None, 0)`` otherwise). owner_windows finds
@@ -310,7 +299,7 @@ def _tc_auto_plan(graph, kind: str, query: Tensor, value: Tensor,
                                       TC_BWD_MIN_MEAN_DEGREE)
     if not (fwd_pays or bwd_pays):
         return None
-    windows, span = _tc_row_windows(graph)
+    windows, span = graph.graph_row_windows(TC_MAX_SOURCES)
     if windows is None:
         return None
     bwd_ok = bwd_pays and _tc_backward_ok(graph, windows, kind, query, value)
@@ -363,7 +352,7 @@ def _plan(graph, kind: str, query: Tensor, value: Tensor,
     if strategy == TC:
         # (the kernel checks kind, dtype and sizes; the windows are the
         # graph's to give)
-        windows, stage_nodes = _tc_row_windows(graph)
+        windows, stage_nodes = graph.graph_row_windows(TC_MAX_SOURCES)
         if windows is None:
             windows, stage_nodes = _tc_single_window(graph)
         if windows is None:

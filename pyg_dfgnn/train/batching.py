@@ -531,7 +531,8 @@ class GraphStore:
 MIN_PIECE_ROWS = 16
 
 
-def windows_per_graph(slots: int, max_graph_nodes: int, device: Any) -> int:
+def auto_windows_per_graph(slots: int, max_graph_nodes: int,
+                           device: Any) -> int:
     """Staging windows per graph slot for batches of ``slots`` graphs: about
     two blocks per SM (one window per graph left a batch of 32 graphs 32
     blocks on an H100's 132 SMs), pieces of at least MIN_PIECE_ROWS rows;

@@ -65,6 +65,11 @@ VARLEN_DROPOUT_ERROR = (
     "through it degraded where the padded path did not, and its dropout "
     "gradient is not verified (scripts/varlen_dropout_check.py); use 'auto' "
     "(varlen without dropout, padded with it) or 'padded'")
+#: Why ``gt.attn_impl: varlen`` is refused under torch.compile.
+VARLEN_COMPILE_ERROR = (
+    "'gt.attn_impl' varlen does not compile (torch.compile fails in "
+    "PyTorch's fake function of its backward): use 'auto' or 'padded' with "
+    "train.capture=compile, or train.capture=graphs")
 #: ``gt.attn_impl``: how the global attention runs (backend dfgnn).
 GLOBAL_ATTN_IMPLS = ('auto', 'varlen', 'fused', 'padded')
 LOCAL_LAYERS = ('DFGAT', 'DFGATv2', 'DFTransformer', 'DFAGNN', 'GINE', 'GCN',
@@ -407,9 +412,7 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(VARLEN_DROPOUT_ERROR)
     if cfg.gt.attn_impl == 'varlen' and canonical_value(
             'train.capture', cfg.train.capture) == 'compile':
-        raise ConfigError("'gt.attn_impl' varlen does not compile (PyTorch's "
-                          "fake function of its backward fails): use 'auto' "
-                          "or 'padded' with train.capture=compile")
+        raise ConfigError(VARLEN_COMPILE_ERROR)
     if cfg.gt.layer_norm and cfg.gt.batch_norm:
         raise ConfigError("'gt.layer_norm' and 'gt.batch_norm' are exclusive")
     if cfg.gt.local_attn_dropout > 0 and local not in LOCAL_ATTN_LAYERS:

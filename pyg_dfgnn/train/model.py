@@ -59,7 +59,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.utils import to_dense_batch
 
-from pyg_dfgnn.train.config import (VARLEN_DROPOUT_ERROR, Config,
+from pyg_dfgnn.train.config import (VARLEN_COMPILE_ERROR,
+                                    VARLEN_DROPOUT_ERROR, Config,
                                     ConfigError, rwse_times,
                                     split_layer_type)
 
@@ -275,10 +276,7 @@ def global_attn_impl(impl: str, backend: str, device: Any,
                           "memory-efficient attention kernel, on CUDA only "
                           "(use 'fused' or 'padded' on the CPU)")
     if impl == 'varlen' and compiling:
-        raise ConfigError("'gt.attn_impl' varlen does not compile "
-                          "(torch.compile fails in PyTorch's fake function "
-                          "of its backward): use 'auto' or 'padded' with "
-                          "train.capture=compile, or train.capture=graphs")
+        raise ConfigError(VARLEN_COMPILE_ERROR)
     if impl == 'varlen' and dropout > 0:
         raise ConfigError(VARLEN_DROPOUT_ERROR)
     return impl

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from pyg_dfgnn.train.batching import (DeviceLoader, GraphBatch, GraphStore,
-                                     windows_per_graph)
+                                     auto_windows_per_graph)
 from pyg_dfgnn.train import distributed
 from pyg_dfgnn.train.config import (Config, ConfigError, canonical_value,
                                     default_config, dump_config,
@@ -495,7 +495,7 @@ def make_loaders(cfg: Config, bundle, device: torch.device, model,
     width = max(s.max_graph_nodes for s in stores.values())
     for s in stores.values():  # one dense width for every split
         s.max_nodes = width
-    pieces = cfg.train.windows_per_graph or windows_per_graph(
+    pieces = cfg.train.windows_per_graph or auto_windows_per_graph(
         size, stores['train'].max_graph_nodes, device)
     kw: Dict[str, Any] = dict(
         dfgraph=model.local_takes_dfgraph and stores['train'].sorted,
