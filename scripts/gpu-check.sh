@@ -5,7 +5,8 @@
 #
 #   run: bash scripts/gpu-check.sh            (OUT defaults to ./gpu-check-out)
 #   STAGES="build test sanitize fwdbench bench features" bash scripts/gpu-check.sh
-#                                             (a subset; also: ncu, modules, profile, compilelog, e2e —
+#                                             (a subset; also: ncu, modules, profile, compilelog, e2e,
+#                                             varlencheck, profilefeatures, accuracy —
 #                                             module-level and end-to-end
 #                                             benchmarks, off by default)
 #   PYTEST_ARGS="-k random_case" ...          (extra pytest arguments)
@@ -127,6 +128,20 @@ if has ncu; then  # kernel profiles (text) of NCU_CASES' launches
     --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
     --section SchedulerStats \
     $PY scripts/profile_kernels.py ${NCU_CASES:-pattern-like:1x128:tc:bf16}
+fi
+if has varlencheck; then  # is the varlen kernel's dropout mask the same in its backward?
+  stage varlencheck 90 $PY scripts/varlen_dropout_check.py
+fi
+if has profilefeatures; then  # CUDA kernels per training step of the feature rows
+  stage profilefeatures ${PROFILE_FEATURES_TIMEOUT:-120} $PY scripts/profile_features.py \
+    ${PROFILE_FEATURES_ROWS:-gat gat-edge gt gt-edge}
+fi
+if has accuracy; then  # issue 10's accuracy runs (resumable: scripts/accuracy-check.sh)
+  limit=${ACCURACY_TIMEOUT:-400}
+  stage accuracy $(( limit + 20 )) env OUT="$LOGS/accuracy" DEADLINE_S=$limit \
+    bash scripts/accuracy-check.sh
+  cp "$LOGS/accuracy/accuracy-state.tar.gz" "$OUT/" 2>/dev/null
+  rm -f "$LOGS/accuracy/accuracy-state.tar.gz"; pack_logs
 fi
 if has fwdbench; then
   stage fwdbench 150 $PY scripts/fwd_bench.py ${FWD_BENCH_ARGS:-} \
