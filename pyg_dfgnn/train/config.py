@@ -61,10 +61,11 @@ def _dropout(default=0.0, help=''):
 
 #: Why ``gt.attn_impl: varlen`` is refused with attention dropout.
 VARLEN_DROPOUT_ERROR = (
-    "'gt.attn_impl' varlen with 'gt.attn_dropout' > 0 is refused: training "
-    "through it degraded where the padded path did not, and its dropout "
-    "gradient is not verified (scripts/varlen_dropout_check.py); use 'auto' "
-    "(varlen without dropout, padded with it) or 'padded'")
+    "'gt.attn_impl' varlen with 'gt.attn_dropout' > 0 is refused: PyTorch's "
+    "memory-efficient kernel with cu_seqlens drops other scores in its "
+    "backward than in its forward, so the gradient is wrong "
+    "(scripts/varlen_dropout_check.py); use 'auto' (varlen without dropout, "
+    "padded with it) or 'padded'")
 #: Why ``gt.attn_impl: varlen`` is refused under torch.compile.
 VARLEN_COMPILE_ERROR = (
     "'gt.attn_impl' varlen does not compile (torch.compile fails in "

@@ -259,11 +259,13 @@ def global_attn_impl(impl: str, backend: str, device: Any,
       function of the kernel's backward takes other arguments than the op
       (it lacks ``out``; torch 2.11-2.14), so a compiled backward through
       it fails;
-    * with attention ``dropout`` in effect (training): a 30-epoch
-      pattern-gps run with the varlen kernel and dropout 0.5 degraded from
-      epoch 5 on (train loss 0.31 -> 0.46) while the padded one did not;
-      whether the kernel's dropout gradient is at fault is not confirmed
-      (scripts/varlen_dropout_check.py), so it is not used there."""
+    * with attention ``dropout`` in effect (training): the kernel's
+      backward under ``cu_seqlens`` regenerates another dropout mask than
+      its forward used (scripts/varlen_dropout_check.py, H100, torch 2.11:
+      directional derivative 2.22 vs -4.45 by central differences at p =
+      0.5, exact at p = 0 and on the padded path), and a 30-epoch
+      pattern-gps run through it degraded from epoch 5 on (train loss
+      0.31 -> 0.46) while the padded one trained to 86.4."""
     cuda = torch.device(device).type == 'cuda'
     if backend != 'dfgnn':
         return 'padded'
