@@ -21,79 +21,20 @@
 //
 // One warp per row; dots and scatter with lanes over edges (M in shared
 // memory, x rows in vectors), sums with lanes over the H * De outputs and
-// several edges in flight. No atomics: deterministic.
+// several edges in flight. No atomics: deterministic. A node_mat of one
+// row (M shared by all rows, GAT) takes the edge-parallel kernels of
+// edge_attr_shared.cuh instead, and its sums come back summed over the
+// rows ([1, H, De]).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include "dispatch.cuh"
-#include "numeric.cuh"
-#include "vector_io.cuh"
-#include "ops.h"
+#include "edge_attr_common.cuh"
+#include "edge_attr_shared.cuh"
 
 namespace pyg_dfgnn {
 namespace edge_rows {
-
-constexpr int kWarps = 8;
-constexpr int kThreads = kWarps * kWarpSize;
-constexpr int kOut = 8;     // sums: outputs per lane per pass
-constexpr int kUnroll = 4;  // sums: edges in flight
-constexpr int kVW = 4;      // elements per vector load of an x row
-
-template <typename T>
-struct Args {
-  const int64_t* __restrict__ rowptr;
-  const int64_t* __restrict__ index;  // nullptr: identity
-  const T* __restrict__ x;            // [n_in, De]
-  const T* __restrict__ fill_row;     // [De] (fill 3)
-  const T* __restrict__ m;            // [rows or 1, H, De]
-  const T* __restrict__ w;            // [E, H]
-  T* __restrict__ dots;               // [E, H]
-  float* __restrict__ sums;           // [rows, H, De]
-  T* __restrict__ scatter;            // [n_in, De]
-  int64_t n_rows, n_in, m_stride;
-  int H, De, fill;
-  bool vec;  // De % kVW == 0: x rows in vectors of kVW
-};
-
-__device__ __forceinline__ int64_t warp_max_i64(int64_t v) {
-#pragma unroll
-  for (int o = kWarpSize / 2; o > 0; o >>= 1)
-    v = max(v, (int64_t)__shfl_xor_sync(kFullMask, (long long)v, o));
-  return v;
-}
-
-// dots (acc[h] = <M_h, x>) and scatter (g = sum_h wv[h] M_h) of one x row,
-// VW elements at a time; M in shared memory.
-template <typename T, int MAXH, int VW>
-__device__ __forceinline__ void row_dots(const T* xr, const float* m, int H,
-                                         int De, float (&acc)[MAXH]) {
-  for (int d = 0; d < De; d += VW) {
-    float xv[VW];
-    load_vec<T, VW>(xr + d, xv);
-#pragma unroll
-    for (int h = 0; h < MAXH; ++h)
-      if (h < H)
-#pragma unroll
-        for (int i = 0; i < VW; ++i)
-          acc[h] = fmaf(m[h * De + d + i], xv[i], acc[h]);
-  }
-}
-template <typename T, int MAXH, int VW>
-__device__ __forceinline__ void row_scatter(T* gr, const float* m, int H,
-                                            int De, const float (&wv)[MAXH]) {
-  for (int d = 0; d < De; d += VW) {
-    float g[VW];
-#pragma unroll
-    for (int i = 0; i < VW; ++i) g[i] = 0.f;
-#pragma unroll
-    for (int h = 0; h < MAXH; ++h)
-      if (h < H)
-#pragma unroll
-        for (int i = 0; i < VW; ++i) g[i] = fmaf(wv[h], m[h * De + d + i], g[i]);
-    store_vec<T, VW>(gr + d, g);
-  }
-}
 
 // MAXH >= H: the per-lane head arrays live in registers.
 // (4 blocks per SM: <= 64 registers; 96 left 25% occupancy to a
@@ -120,13 +61,7 @@ __global__ void __launch_bounds__(kThreads, 4) edge_rows_kernel(Args<T> a) {
   auto attr_row = [&](int64_t p) -> int64_t {
     return a.index != nullptr ? a.index[p] : p;
   };
-  // the row's self-loop entry (at most one)
-  int64_t loop_p = -1;
-  if (a.fill != 0) {
-    for (int64_t p = lo + lane; p < hi; p += kWarpSize)
-      if (attr_row(p) >= a.n_in) loop_p = p;
-    loop_p = warp_max_i64(loop_p);
-  }
+  const int64_t loop_p = row_loop(a, lo, hi, lane);
   const int64_t count = hi - lo - (loop_p >= 0 ? 1 : 0);
   // fill 1: the loop's x is the mean of `count` rows; fill 2: their sum
   const float share = a.fill == 1 ? (count > 0 ? 1.f / (float)count : 0.f)
@@ -259,6 +194,78 @@ at::Tensor optional_input(const c10::optional<at::Tensor>& t,
 
 }  // namespace
 
+// The heads bound of the per-thread arrays, from H.
+template <typename F>
+void with_max_heads(int64_t H, F&& f) {
+  if (H <= 4)
+    f(std::integral_constant<int, 4>{});
+  else if (H <= 8)
+    f(std::integral_constant<int, 8>{});
+  else
+    f(std::integral_constant<int, kEdgeRowsMaxHeads>{});
+}
+
+// A node_mat of one row (edge_attr_shared.cuh): dots, then d x / d M; the
+// sums (d M) summed over the rows into out_sums [1, H, De].
+template <typename T>
+void run_shared_mat(edge_rows::Args<T> a, bool zero_unread,
+                    const at::Tensor& fill_row, at::Tensor& out_sums,
+                    cudaStream_t stream) {
+  using namespace edge_rows;
+  const int64_t H = a.H, De = a.De;
+  const unsigned edge_blocks =
+      (unsigned)((a.n_edges + kEdgeThreads - 1) / kEdgeThreads);
+  const unsigned row_blocks = (unsigned)((a.n_rows + kWarps - 1) / kWarps);
+  const bool sums = a.sums != nullptr;
+  a.sums = nullptr;  // (the kernels write w_user / partials instead)
+  const auto fopts = out_sums.options();
+  with_max_heads(H, [&](auto max_h) {
+    constexpr int MAXH = decltype(max_h)::value;
+    if (a.dots != nullptr) {
+      if (edge_blocks > 0)
+        shared_dots_kernel<T, MAXH><<<edge_blocks, kEdgeThreads, 0, stream>>>(a);
+      if (a.fill != 0)
+        loop_dots_kernel<T, MAXH><<<row_blocks, kThreads, 0, stream>>>(a);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+    if (!sums && a.scatter == nullptr) return;
+    at::Tensor loop_w, w_user;
+    const bool handed = a.fill == 1 || a.fill == 2;
+    if (handed || (a.fill == 3 && sums)) {
+      loop_w = at::empty({a.n_rows, H}, fopts);
+      loop_weights_kernel<T><<<row_blocks, kThreads, 0, stream>>>(
+          a, loop_w.data_ptr<float>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+    if (sums)  // (rows no edge reads keep 0)
+      w_user = zero_unread || (a.index == nullptr && a.n_in != a.n_edges)
+                   ? at::zeros({a.n_in, H}, fopts)
+                   : at::empty({a.n_in, H}, fopts);
+    if (edge_blocks > 0) {
+      shared_grad_kernel<T, MAXH><<<edge_blocks, kEdgeThreads, 0, stream>>>(
+          a, handed ? loop_w.data_ptr<float>() : nullptr,
+          sums ? w_user.data_ptr<float>() : nullptr);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+    if (!sums) return;
+    const int64_t blocks = (a.n_in + kSumRows - 1) / kSumRows;
+    at::Tensor dm;
+    if (blocks > 0) {
+      at::Tensor partial = at::empty({blocks, H * De}, fopts);
+      weighted_row_sums_kernel<T><<<(unsigned)blocks, kEdgeThreads, 0,
+                                    stream>>>(a, w_user.data_ptr<float>(),
+                                              partial.data_ptr<float>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      dm = partial.sum(0);
+    } else {
+      dm = at::zeros({H * De}, fopts);
+    }
+    if (a.fill == 3)  // the loops' x is the fill row
+      dm = dm + at::outer(loop_w.sum(0), fill_row.to(at::kFloat)).view(-1);
+    out_sums.copy_(dm.view({1, H, De}));
+  });
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> edge_attr_rows_cuda(
     const at::Tensor& rowptr, const c10::optional<at::Tensor>& index_opt,
     int64_t num_edges, const at::Tensor& edge_attr, int64_t fill,
@@ -323,8 +330,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> edge_attr_rows_cuda(
 
   const auto opts = x.options();
   at::Tensor out_dots = at::empty({dots ? num_edges : 0, H}, opts);
-  at::Tensor out_sums =
-      at::empty({sums ? n_rows : 0, H, De}, opts.dtype(at::kFloat));
+  const bool shared = m.defined() && m.size(0) == 1;
+  at::Tensor out_sums = at::empty({sums ? (shared ? 1 : n_rows) : 0, H, De},
+                                  opts.dtype(at::kFloat));
   at::Tensor out_scatter =
       scatter ? (scatter_zero ? at::zeros({n_in, De}, opts)
                               : at::empty({n_in, De}, opts))
@@ -348,22 +356,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> edge_attr_rows_cuda(
         a.dots = dots ? out_dots.data_ptr<scalar_t>() : nullptr;
         a.sums = sums ? out_sums.data_ptr<float>() : nullptr;
         a.scatter = scatter ? out_scatter.data_ptr<scalar_t>() : nullptr;
-        a.n_rows = n_rows, a.n_in = n_in;
+        a.n_rows = n_rows, a.n_in = n_in, a.n_edges = num_edges;
         a.m_stride = m.defined() && m.size(0) == n_rows ? H * De : 0;
         a.H = (int)H, a.De = (int)De, a.fill = (int)fill;
         // (a row starts on a vector boundary when the base pointer does)
         a.vec = De % edge_rows::kVW == 0 &&
                 reinterpret_cast<uintptr_t>(a.x) %
                         (edge_rows::kVW * sizeof(scalar_t)) == 0;
-        if (H <= 4)
-          edge_rows::edge_rows_kernel<scalar_t, 4>
+        if (shared) {
+          run_shared_mat<scalar_t>(a, scatter_zero, fr, out_sums, stream);
+          return;
+        }
+        with_max_heads(H, [&](auto max_h) {
+          edge_rows::edge_rows_kernel<scalar_t, decltype(max_h)::value>
               <<<blocks, edge_rows::kThreads, 0, stream>>>(a);
-        else if (H <= 8)
-          edge_rows::edge_rows_kernel<scalar_t, 8>
-              <<<blocks, edge_rows::kThreads, 0, stream>>>(a);
-        else
-          edge_rows::edge_rows_kernel<scalar_t, kEdgeRowsMaxHeads>
-              <<<blocks, edge_rows::kThreads, 0, stream>>>(a);
+        });
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       });
   return {out_dots, out_sums, out_scatter};

@@ -98,8 +98,11 @@ fused_attention_bwd_cuda(
 // self-loop, x = mean (fill 1) / sum (fill 2) of the row's other x or
 // fill_row (fill 3)),
 //   dots    [E, H]        T[p, h] = <node_mat[i or 0, h], x_p>
-//   sums    [N, H, De]    S[i, h] = sum_p edge_weight[p, h] x_p   (float32)
-//   scatter [E_in, De]    d x of either (zeros first with scatter_zero)
+//   sums    [N, H, De]    S[i, h] = sum_p edge_weight[p, h] x_p   (float32;
+//                         [1, H, De], summed over the rows, when node_mat
+//                         has one row: the gradient of a shared M)
+//   scatter [E_in, De]    d x of either
+// scatter_zero: some edge_attr rows are read by no edge (their d x is 0).
 // Unrequested outputs are empty. Needs H <= kEdgeRowsMaxHeads and
 // H * De <= kEdgeRowsMaxHD.
 inline constexpr int kEdgeRowsMaxHeads = 16;

@@ -38,9 +38,13 @@ CASES = [  # kind, edge terms, dtype, strategy, graph
     ('gatv2', 'ek+ev', torch.float32, 'pmf', 'uniform'),
     ('gatv2', 'ek', torch.bfloat16, 'smmf', 'batch'),
 ]
-EDGE_ATTR = [  # raw edge attribute kernels: fill, graph, dtype
-    ('mean', 'super', torch.float32), ('const', 'random', torch.bfloat16),
-    ('none', 'one', torch.float32), ('add', 'empty', torch.float16)]
+EDGE_ATTR = [  # raw edge attribute kernels: fill, graph, dtype, shared M
+    ('mean', 'super', torch.float32, False),
+    ('mean', 'super', torch.float32, True),
+    ('const', 'random', torch.bfloat16, True),
+    ('const', 'random', torch.bfloat16, False),
+    ('none', 'one', torch.float32, True), ('add', 'empty', torch.float16, True),
+    ('add', 'random', torch.float32, True)]
 DROPOUT = [('add', 'smmf', torch.float32), ('dot', 'pmf', torch.bfloat16),
            ('gatv2', 'smmf', torch.float32)]
 

@@ -1,8 +1,8 @@
 """The raw edge attribute kernels (kernels/edge_attr_rows.cu) against the
 float64 reference (GPU only): dots and sums, forward and every gradient, for
-each self-loop fill, shared and per-node matrices, odd sizes (H = 3,
-D_e = 3), empty rows, a super node, N = 1, E = 0, unused input rows; outputs
-poisoned first. And the convs that use them against PyG on the GPU."""
+each self-loop fill, shared (edge-parallel kernels) and per-node matrices
+(row kernel), odd sizes (H = 3, D_e = 3), empty rows, a super node, N = 1,
+E = 0, unused input rows; outputs poisoned first. And the convs that use them against PyG on the GPU."""
 import random
 import zlib
 
@@ -48,8 +48,9 @@ CASES = [(fill, kind, dtype)
          for dtype in (torch.float32, torch.float16, torch.bfloat16)]
 
 
+@pytest.mark.parametrize('shared', [False, True])  # edge / row kernels
 @pytest.mark.parametrize('fill,kind,dtype', CASES)
-def test_dots_and_sums_match_reference(fill, kind, dtype):
+def test_dots_and_sums_match_reference(fill, kind, dtype, shared):
     _kernels()
     clear_graph_cache()
     seed = zlib.crc32(f'{fill}{kind}{dtype}'.encode())
@@ -72,7 +73,6 @@ def test_dots_and_sums_match_reference(fill, kind, dtype):
     emap = structure.edge_attr_map(ei, edge_attr, fill_value)
     assert emap is not None
     e = emap.num_edges
-    shared = rng.random() < 0.3
     node_mat = rnd(1 if shared else n, heads, dim)
     weight = rnd(e, heads)
     x64 = edge_attr.detach().double().requires_grad_()

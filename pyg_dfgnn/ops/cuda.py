@@ -116,8 +116,9 @@ def _edge_rows_fake(rowptr, index, num_edges, edge_attr, fill, fill_row,
         edge_weight.shape[1]
     n_rows, dim = rowptr.shape[0] - 1, edge_attr.shape[1]
     return (edge_attr.new_empty((num_edges if dots else 0, heads)),
-            edge_attr.new_empty((n_rows if sums else 0, heads, dim),
-                                dtype=torch.float32),
+            edge_attr.new_empty((0 if not sums else 1 if node_mat is not None
+                                 and node_mat.shape[0] == 1 else n_rows,
+                                 heads, dim), dtype=torch.float32),
             edge_attr.new_empty((edge_attr.shape[0] if scatter else 0, dim)))
 
 

@@ -127,7 +127,7 @@ def _rows_op(emap: EdgeAttrMap, edge_attr: Tensor, node_mat, edge_weight,
     return torch.ops.pyg_dfgnn.edge_attr_rows(
         emap.rowptr, emap.index, emap.num_edges, edge_attr,
         FILL_IDS[emap.fill], emap.fill_row, node_mat, edge_weight, dots, sums,
-        scatter, scatter and emap.unused_rows)
+        scatter, emap.unused_rows)
 
 
 class _EdgeAttrDots(torch.autograd.Function):
@@ -146,9 +146,7 @@ class _EdgeAttrDots(torch.autograd.Function):
         # d M_i = sum_p dT_p x_p (sums), d x_p = sum_h dT_ph M_ih (scatter)
         _, g_m, g_x = _rows_op(ctx.emap, edge_attr, node_mat,
                                grad.contiguous(), False, need_m, need_x)
-        if need_m:
-            if node_mat.size(0) == 1 and g_m.size(0) != 1:
-                g_m = g_m.sum(0, keepdim=True)
+        if need_m:  # (a shared M's comes summed over the rows)
             g_m = g_m.to(node_mat.dtype)
         return g_x if need_x else None, g_m if need_m else None, None
 

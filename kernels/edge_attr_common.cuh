@@ -1,0 +1,87 @@
+// Shared pieces of the raw edge attribute kernels (edge_attr_rows.cu): the
+// launch constants, the kernels' arguments, and the per-edge products of one
+// x row with a matrix M held in shared memory (dots and scatter).
+#pragma once
+
+#include "numeric.cuh"
+#include "vector_io.cuh"
+#include "ops.h"
+
+namespace pyg_dfgnn {
+namespace edge_rows {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * kWarpSize;
+constexpr int kOut = 8;     // sums: outputs per lane per pass
+constexpr int kUnroll = 4;  // sums: edges in flight
+constexpr int kVW = 4;      // elements per vector load of an x row
+
+template <typename T>
+struct Args {
+  const int64_t* __restrict__ rowptr;
+  const int64_t* __restrict__ index;  // nullptr: identity
+  const T* __restrict__ x;            // [n_in, De]
+  const T* __restrict__ fill_row;     // [De] (fill 3)
+  const T* __restrict__ m;            // [rows or 1, H, De]
+  const T* __restrict__ w;            // [E, H]
+  T* __restrict__ dots;               // [E, H]
+  float* __restrict__ sums;           // [rows, H, De]
+  T* __restrict__ scatter;            // [n_in, De]
+  int64_t n_rows, n_in, n_edges, m_stride;
+  int H, De, fill;
+  bool vec;  // De % kVW == 0: x rows in vectors of kVW
+};
+
+__device__ __forceinline__ int64_t warp_max_i64(int64_t v) {
+#pragma unroll
+  for (int o = kWarpSize / 2; o > 0; o >>= 1)
+    v = max(v, (int64_t)__shfl_xor_sync(kFullMask, (long long)v, o));
+  return v;
+}
+
+// dots (acc[h] = <M_h, x>) and scatter (g = sum_h wv[h] M_h) of one x row,
+// VW elements at a time; M in shared memory.
+template <typename T, int MAXH, int VW>
+__device__ __forceinline__ void row_dots(const T* xr, const float* m, int H,
+                                         int De, float (&acc)[MAXH]) {
+  for (int d = 0; d < De; d += VW) {
+    float xv[VW];
+    load_vec<T, VW>(xr + d, xv);
+#pragma unroll
+    for (int h = 0; h < MAXH; ++h)
+      if (h < H)
+#pragma unroll
+        for (int i = 0; i < VW; ++i)
+          acc[h] = fmaf(m[h * De + d + i], xv[i], acc[h]);
+  }
+}
+template <typename T, int MAXH, int VW>
+__device__ __forceinline__ void row_scatter(T* gr, const float* m, int H,
+                                            int De, const float (&wv)[MAXH]) {
+  for (int d = 0; d < De; d += VW) {
+    float g[VW];
+#pragma unroll
+    for (int i = 0; i < VW; ++i) g[i] = 0.f;
+#pragma unroll
+    for (int h = 0; h < MAXH; ++h)
+      if (h < H)
+#pragma unroll
+        for (int i = 0; i < VW; ++i) g[i] = fmaf(wv[h], m[h * De + d + i], g[i]);
+    store_vec<T, VW>(gr + d, g);
+  }
+}
+
+// The self-loop entry of CSR row [lo, hi) (index >= n_in; at most one per
+// row), -1 if none; the same on every lane of the warp.
+template <typename T>
+__device__ __forceinline__ int64_t row_loop(const Args<T>& a, int64_t lo,
+                                            int64_t hi, int lane) {
+  int64_t loop_p = -1;
+  if (a.fill != 0 && a.index != nullptr)
+    for (int64_t p = lo + lane; p < hi; p += kWarpSize)
+      if (a.index[p] >= a.n_in) loop_p = p;
+  return warp_max_i64(loop_p);
+}
+
+}  // namespace edge_rows
+}  // namespace pyg_dfgnn
