@@ -21,7 +21,8 @@ namespace pyg_dfgnn {
 namespace edge_rows {
 
 constexpr int kEdgeThreads = 256;
-constexpr int kSumRows = 2048;  // weighted_row_sums: rows per block
+constexpr int kSumRows = 2048;        // weighted_row_sums: rows per block
+constexpr int kSumTileFloats = 4096;  // its tile of w_user and x rows (16 KB)
 
 // The CSR row holding edge p: the last row with rowptr[row] <= p.
 __device__ __forceinline__ int64_t row_of_edge(const int64_t* rowptr,
@@ -176,45 +177,57 @@ __global__ void __launch_bounds__(kEdgeThreads)
 }
 
 // partial[b, h, d] = sum over the user rows r of block b of
-// w_user[r, h] x[r, d]: thread groups over the H * De outputs, each group
-// a strided share of the rows, the groups summed in order (deterministic).
+// w_user[r, h] x[r, d]. Tiles of rows move into shared memory with
+// coalesced loads (a first version read them straight from global memory,
+// 64 bytes per warp load: 0.90 ms for 4.5M rows); thread groups over the
+// H * De outputs, each group a strided share of a tile's rows, the groups
+// summed in order at the end (deterministic).
 template <typename T>
 __global__ void __launch_bounds__(kEdgeThreads)
     weighted_row_sums_kernel(Args<T> a, const float* __restrict__ w_user,
                              float* __restrict__ partial) {
+  __shared__ float s_tile[kSumTileFloats];
   __shared__ float s_part[kEdgeThreads];
   const int H = a.H, De = a.De, HD = H * De;
+  const int tile_rows = kSumTileFloats / (H + De);  // >= 7: H + De <= 528
+  float* s_w = s_tile;
+  float* s_x = s_tile + tile_rows * H;
   const bool grouped = HD <= kEdgeThreads;
   const int groups = grouped ? kEdgeThreads / HD : 1;
   const int g = grouped ? threadIdx.x / HD : 0;
+  const int o0 = grouped ? threadIdx.x % HD : threadIdx.x;
+  // (HD <= 512: at most two outputs per thread)
+  const int h0 = o0 / De, d0 = o0 - h0 * De;
+  const int o1 = o0 + kEdgeThreads, h1 = o1 / De, d1 = o1 - h1 * De;
+  const bool active = g < groups && o0 < HD, two = !grouped && o1 < HD;
+  float acc0 = 0.f, acc1 = 0.f;
   const int64_t r0 = (int64_t)blockIdx.x * kSumRows;
   const int64_t r1 = r0 + kSumRows < a.n_in ? r0 + kSumRows : a.n_in;
-  for (int o = grouped ? threadIdx.x % HD : threadIdx.x;
-       g < groups && o < HD; o += kEdgeThreads) {
-    const int h = o / De, d = o - h * De;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};  // 4 rows in flight
-    int64_t r = r0 + g;
-    for (; r + 3 * groups < r1; r += 4 * groups)
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int64_t ru = r + u * groups;
-        acc[u] = fmaf(w_user[ru * H + h], to_float(a.x[ru * De + d]), acc[u]);
+  for (int64_t t0 = r0; t0 < r1; t0 += tile_rows) {
+    const int n = (int)(r1 - t0 < tile_rows ? r1 - t0 : tile_rows);
+    __syncthreads();  // (the previous tile is consumed)
+    for (int i = threadIdx.x; i < n * H; i += kEdgeThreads)
+      s_w[i] = w_user[t0 * H + i];
+    for (int i = threadIdx.x; i < n * De; i += kEdgeThreads)
+      s_x[i] = to_float(a.x[t0 * De + i]);
+    __syncthreads();
+    if (active)
+      for (int e = g; e < n; e += groups) {
+        acc0 = fmaf(s_w[e * H + h0], s_x[e * De + d0], acc0);
+        if (two) acc1 = fmaf(s_w[e * H + h1], s_x[e * De + d1], acc1);
       }
-    for (; r < r1; r += groups)
-      acc[0] = fmaf(w_user[r * H + h], to_float(a.x[r * De + d]), acc[0]);
-    const float sum = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-    if (grouped)
-      s_part[threadIdx.x] = sum;
-    else
-      partial[(int64_t)blockIdx.x * HD + o] = sum;
   }
   if (grouped) {  // (block-uniform)
+    s_part[threadIdx.x] = acc0;
     __syncthreads();
     if (threadIdx.x < HD) {
       float sum = 0.f;
       for (int k = 0; k < groups; ++k) sum += s_part[k * HD + threadIdx.x];
       partial[(int64_t)blockIdx.x * HD + threadIdx.x] = sum;
     }
+  } else {
+    if (o0 < HD) partial[(int64_t)blockIdx.x * HD + o0] = acc0;
+    if (two) partial[(int64_t)blockIdx.x * HD + o1] = acc1;
   }
 }
 
