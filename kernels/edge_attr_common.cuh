@@ -71,6 +71,25 @@ __device__ __forceinline__ void row_scatter(T* gr, const float* m, int H,
   }
 }
 
+// row_dots / row_scatter of user row r, in vectors where the rows allow.
+template <typename T, int MAXH>
+__device__ __forceinline__ void edge_dots(const Args<T>& a, int64_t r,
+                                          const float* m, float (&acc)[MAXH]) {
+  if (a.vec)
+    row_dots<T, MAXH, kVW>(a.x + r * a.De, m, a.H, a.De, acc);
+  else
+    row_dots<T, MAXH, 1>(a.x + r * a.De, m, a.H, a.De, acc);
+}
+template <typename T, int MAXH>
+__device__ __forceinline__ void edge_scatter(const Args<T>& a, int64_t r,
+                                             const float* m,
+                                             const float (&wv)[MAXH]) {
+  if (a.vec)
+    row_scatter<T, MAXH, kVW>(a.scatter + r * a.De, m, a.H, a.De, wv);
+  else
+    row_scatter<T, MAXH, 1>(a.scatter + r * a.De, m, a.H, a.De, wv);
+}
+
 // The self-loop entry of CSR row [lo, hi) (index >= n_in; at most one per
 // row), -1 if none; the same on every lane of the warp.
 template <typename T>

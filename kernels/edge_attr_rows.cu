@@ -83,10 +83,7 @@ __global__ void __launch_bounds__(kThreads, 4) edge_rows_kernel(Args<T> a) {
         float acc[MAXH];
 #pragma unroll
         for (int h = 0; h < MAXH; ++h) acc[h] = 0.f;
-        if (a.vec)
-          row_dots<T, MAXH, kVW>(a.x + r * De, m, H, De, acc);
-        else
-          row_dots<T, MAXH, 1>(a.x + r * De, m, H, De, acc);
+        edge_dots(a, r, m, acc);
 #pragma unroll
         for (int h = 0; h < MAXH; ++h)
           if (h < H) {
@@ -99,10 +96,7 @@ __global__ void __launch_bounds__(kThreads, 4) edge_rows_kernel(Args<T> a) {
 #pragma unroll
         for (int h = 0; h < MAXH; ++h)
           wv[h] = h < H ? to_float(a.w[p * H + h]) + wl[h] : 0.f;
-        if (a.vec)
-          row_scatter<T, MAXH, kVW>(a.scatter + r * De, m, H, De, wv);
-        else
-          row_scatter<T, MAXH, 1>(a.scatter + r * De, m, H, De, wv);
+        edge_scatter(a, r, m, wv);
       }
     }
     if (a.dots != nullptr && loop_p >= 0) {

@@ -58,12 +58,7 @@ __global__ void __launch_bounds__(kEdgeThreads)
   for (int h = 0; h < MAXH; ++h) acc[h] = 0.f;
   if (p < a.n_edges) {
     const int64_t r = a.index != nullptr ? a.index[p] : p;
-    if (r < a.n_in) {
-      if (a.vec)
-        row_dots<T, MAXH, kVW>(a.x + r * De, s_m, H, De, acc);
-      else
-        row_dots<T, MAXH, 1>(a.x + r * De, s_m, H, De, acc);
-    }
+    if (r < a.n_in) edge_dots(a, r, s_m, acc);
   }
 #pragma unroll
   for (int h = 0; h < MAXH; ++h)
@@ -163,12 +158,7 @@ __global__ void __launch_bounds__(kEdgeThreads)
     for (int h = 0; h < MAXH; ++h)
       if (h < H) wv[h] += lw[h];
   }
-  if (a.scatter != nullptr) {
-    if (a.vec)
-      row_scatter<T, MAXH, kVW>(a.scatter + r * De, s_m, H, De, wv);
-    else
-      row_scatter<T, MAXH, 1>(a.scatter + r * De, s_m, H, De, wv);
-  }
+  if (a.scatter != nullptr) edge_scatter(a, r, s_m, wv);
   if (w_user != nullptr) {
 #pragma unroll
     for (int h = 0; h < MAXH; ++h)
