@@ -169,7 +169,7 @@ if has profile; then  # ms per step, GPU busy %, host syncs per step
 fi
 if has compilelog; then  # why a compiled dfgnn step is slow: recompiles,
   # graph breaks, cudagraph re-records of a few steps
-  stage compilelog ${COMPILELOG_TIMEOUT:-150} env \
+  stage compilelog ${COMPILELOG_TIMEOUT:-300} env \
     TORCH_LOGS=recompiles,graph_breaks,cudagraphs $PY scripts/profile_step.py \
     --cfg ${PROFILE_CFG:-configs/pattern-gps.yaml} --variants dfgnn-compile \
     --steps 8 --profile-steps 2 --json "$OUT/profile_compile.json"
