@@ -90,6 +90,13 @@ __device__ __forceinline__ void edge_scatter(const Args<T>& a, int64_t r,
     row_scatter<T, MAXH, 1>(a.scatter + r * a.De, m, a.H, a.De, wv);
 }
 
+// What a row's loop hands each of its `count` other edges: 1 / count of
+// its weight or dot for fill 1 (the loop's x is their mean), all of it for
+// fill 2 (their sum); 1 for fill 3 (a constant row: nothing handed).
+__device__ __forceinline__ float loop_share(int fill, int64_t count) {
+  return fill == 1 ? (count > 0 ? 1.f / (float)count : 0.f) : 1.f;
+}
+
 // The self-loop entry of CSR row [lo, hi) (index >= n_in; at most one per
 // row), -1 if none; the same on every lane of the warp.
 template <typename T>

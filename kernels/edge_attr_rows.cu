@@ -64,8 +64,7 @@ __global__ void __launch_bounds__(kThreads, 4) edge_rows_kernel(Args<T> a) {
   const int64_t loop_p = row_loop(a, lo, hi, lane);
   const int64_t count = hi - lo - (loop_p >= 0 ? 1 : 0);
   // fill 1: the loop's x is the mean of `count` rows; fill 2: their sum
-  const float share = a.fill == 1 ? (count > 0 ? 1.f / (float)count : 0.f)
-                                  : 1.f;
+  const float share = loop_share(a.fill, count);
   const bool handed = loop_p >= 0 && (a.fill == 1 || a.fill == 2);
   if (a.w != nullptr && lane < H)
     wl[lane] = handed ? to_float(a.w[loop_p * H + lane]) * share : 0.f;

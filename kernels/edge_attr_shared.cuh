@@ -90,8 +90,7 @@ __global__ void __launch_bounds__(kThreads) loop_dots_kernel(Args<T> a) {
     return;
   }
   const int64_t count = hi - lo - 1;
-  const float share =
-      a.fill == 1 ? (count > 0 ? 1.f / (float)count : 0.f) : 1.f;
+  const float share = loop_share(a.fill, count);
   float acc[MAXH];
 #pragma unroll
   for (int h = 0; h < MAXH; ++h) acc[h] = 0.f;
@@ -121,8 +120,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t lo = a.rowptr[row], hi = a.rowptr[row + 1];
   const int64_t loop_p = row_loop(a, lo, hi, lane);
   const int64_t count = hi - lo - 1;
-  const float share = a.fill == 1 ? (count > 0 ? 1.f / (float)count : 0.f)
-                                  : 1.f;
+  const float share = loop_share(a.fill, count);
   for (int h = lane; h < a.H; h += kWarpSize)
     out[row * a.H + h] =
         loop_p < 0 ? 0.f : to_float(a.w[loop_p * a.H + h]) * share;
