@@ -26,6 +26,7 @@
 // edge_attr_shared.cuh instead, and its sums come back summed over the
 // rows ([1, H, De]).
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -201,7 +202,7 @@ void with_max_heads(int64_t H, F&& f) {
 // A node_mat of one row (edge_attr_shared.cuh): dots, then d x / d M; the
 // sums (d M) summed over the rows into out_sums [1, H, De].
 template <typename T>
-void run_shared_mat(edge_rows::Args<T> a, bool zero_unread,
+void run_shared_mat(edge_rows::Args<T> a,
                     const at::Tensor& fill_row, at::Tensor& out_sums,
                     cudaStream_t stream) {
   using namespace edge_rows;
@@ -210,7 +211,7 @@ void run_shared_mat(edge_rows::Args<T> a, bool zero_unread,
       (unsigned)((a.n_edges + kEdgeThreads - 1) / kEdgeThreads);
   const unsigned row_blocks = (unsigned)((a.n_rows + kWarps - 1) / kWarps);
   const bool sums = a.sums != nullptr;
-  a.sums = nullptr;  // (the kernels write w_user / partials instead)
+  a.sums = nullptr;  // (the grad kernel writes per-block partials instead)
   const auto fopts = out_sums.options();
   with_max_heads(H, [&](auto max_h) {
     constexpr int MAXH = decltype(max_h)::value;
@@ -222,7 +223,7 @@ void run_shared_mat(edge_rows::Args<T> a, bool zero_unread,
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
     if (!sums && a.scatter == nullptr) return;
-    at::Tensor loop_w, w_user;
+    at::Tensor loop_w;
     const bool handed = a.fill == 1 || a.fill == 2;
     if (handed || (a.fill == 3 && sums)) {
       loop_w = at::empty({a.n_rows, H}, fopts);
@@ -230,29 +231,21 @@ void run_shared_mat(edge_rows::Args<T> a, bool zero_unread,
           a, loop_w.data_ptr<float>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
-    if (sums)  // (rows no edge reads keep 0)
-      w_user = zero_unread || (a.index == nullptr && a.n_in != a.n_edges)
-                   ? at::zeros({a.n_in, H}, fopts)
-                   : at::empty({a.n_in, H}, fopts);
-    if (edge_blocks > 0) {
-      shared_grad_kernel<T, MAXH><<<edge_blocks, kEdgeThreads, 0, stream>>>(
+    // persistent blocks (a few per SM): one d M partial each
+    const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+    const unsigned grad_blocks =
+        std::min<unsigned>(edge_blocks, (unsigned)(4 * sms));
+    at::Tensor dm;
+    at::Tensor partial = at::empty({sums ? (int64_t)grad_blocks : 0, H * De},
+                                   fopts);
+    if (grad_blocks > 0) {
+      shared_grad_kernel<T, MAXH><<<grad_blocks, kEdgeThreads, 0, stream>>>(
           a, handed ? loop_w.data_ptr<float>() : nullptr,
-          sums ? w_user.data_ptr<float>() : nullptr);
+          sums ? partial.data_ptr<float>() : nullptr);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
     if (!sums) return;
-    const int64_t blocks = (a.n_in + kSumRows - 1) / kSumRows;
-    at::Tensor dm;
-    if (blocks > 0) {
-      at::Tensor partial = at::empty({blocks, H * De}, fopts);
-      weighted_row_sums_kernel<T><<<(unsigned)blocks, kEdgeThreads, 0,
-                                    stream>>>(a, w_user.data_ptr<float>(),
-                                              partial.data_ptr<float>());
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-      dm = partial.sum(0);
-    } else {
-      dm = at::zeros({H * De}, fopts);
-    }
+    dm = grad_blocks > 0 ? partial.sum(0) : at::zeros({H * De}, fopts);
     if (a.fill == 3)  // the loops' x is the fill row
       dm = dm + at::outer(loop_w.sum(0), fill_row.to(at::kFloat)).view(-1);
     out_sums.copy_(dm.view({1, H, De}));
@@ -357,7 +350,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> edge_attr_rows_cuda(
                 reinterpret_cast<uintptr_t>(a.x) %
                         (edge_rows::kVW * sizeof(scalar_t)) == 0;
         if (shared) {
-          run_shared_mat<scalar_t>(a, scatter_zero, fr, out_sums, stream);
+          run_shared_mat<scalar_t>(a, fr, out_sums, stream);
           return;
         }
         with_max_heads(H, [&](auto max_h) {

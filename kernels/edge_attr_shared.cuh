@@ -8,9 +8,8 @@
 //           self-loop: the mean / sum of the row's other dots, or <M, fill>)
 //   d x, d M: loop_weights_kernel (rows: the loop's weight handed to the
 //           row's other edges), shared_grad_kernel (edges: d x = sum_h w'_h
-//           M_h into the user's row, w' kept in the user's order), then
-//           weighted_row_sums_kernel (d M = w'^T x per block of rows; the
-//           block partials are summed by the host entry).
+//           M_h into the user's row, and d M = w'^T x as per-block partials
+//           that the host entry sums).
 // Each user row is read by at most one CSR edge, so d x needs no atomics:
 // deterministic like the row kernel.
 #pragma once
@@ -21,8 +20,7 @@ namespace pyg_dfgnn {
 namespace edge_rows {
 
 constexpr int kEdgeThreads = 256;
-constexpr int kSumRows = 2048;        // weighted_row_sums: rows per block
-constexpr int kSumTileFloats = 4096;  // its tile of w_user and x rows (16 KB)
+constexpr int kFoldCols = 16;  // shared_grad: x columns staged per pass
 
 // The CSR row holding edge p: the last row with rowptr[row] <= p.
 __device__ __forceinline__ int64_t row_of_edge(const int64_t* rowptr,
@@ -127,96 +125,87 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // For each non-loop edge p reading user row r: w' = w[p] (+ its row's
-// handed loop weight), d x[r] = sum_h w'_h M_h (scatter), w_user[r] = w'.
+// handed loop weight), d x[r] = sum_h w'_h M_h (scatter) and, with
+// `partial`, d M = sum_p w'_p x_p^T folded in: the tile's w' stay in
+// shared memory, its x rows are staged kFoldCols columns at a time, thread
+// groups over the (h, column) outputs sum the tile's edges in order, and
+// the block's running sums (s_acc) leave once as partial[block] (summed on
+// the host: deterministic). Persistent blocks stride over tiles of
+// kEdgeThreads edges. (Session 11's first version wrote w' in the user's
+// order and summed w'^T x in a second kernel: 0.38 + 0.39 ms on gat-edge.)
 template <typename T, int MAXH>
 __global__ void __launch_bounds__(kEdgeThreads)
     shared_grad_kernel(Args<T> a, const float* __restrict__ loop_w,
-                       float* __restrict__ w_user) {
+                       float* __restrict__ partial) {
   __shared__ float s_m[kEdgeRowsMaxHD];
   __shared__ float s_w[kEdgeThreads * MAXH];
-  load_shared_mat(a, s_m);
-  const int H = a.H, De = a.De;
-  const int64_t p0 = (int64_t)blockIdx.x * kEdgeThreads;
-  const int64_t left = a.n_edges - p0;
-  const int n = (int)(left < kEdgeThreads ? left : kEdgeThreads) * H;
-  for (int i = threadIdx.x; i < n; i += kEdgeThreads)
-    s_w[i] = to_float(a.w[p0 * H + i]);
-  __syncthreads();
-  const int64_t p = p0 + threadIdx.x;
-  if (p >= a.n_edges) return;
-  const int64_t r = a.index != nullptr ? a.index[p] : p;
-  if (r >= a.n_in) return;  // the loop: handed to the others / fill row
-  float wv[MAXH];
-#pragma unroll
-  for (int h = 0; h < MAXH; ++h)
-    wv[h] = h < H ? s_w[threadIdx.x * H + h] : 0.f;
-  if (loop_w != nullptr && a.fill != 3) {
-    const float* lw = loop_w + row_of_edge(a.rowptr, a.n_rows, p) * H;
-#pragma unroll
-    for (int h = 0; h < MAXH; ++h)
-      if (h < H) wv[h] += lw[h];
-  }
-  if (a.scatter != nullptr) edge_scatter(a, r, s_m, wv);
-  if (w_user != nullptr) {
-#pragma unroll
-    for (int h = 0; h < MAXH; ++h)
-      if (h < H) w_user[r * H + h] = wv[h];
-  }
-}
-
-// partial[b, h, d] = sum over the user rows r of block b of
-// w_user[r, h] x[r, d]. Tiles of rows move into shared memory with
-// coalesced loads (a first version read them straight from global memory,
-// 64 bytes per warp load: 0.90 ms for 4.5M rows); thread groups over the
-// H * De outputs, each group a strided share of a tile's rows, the groups
-// summed in order at the end (deterministic).
-template <typename T>
-__global__ void __launch_bounds__(kEdgeThreads)
-    weighted_row_sums_kernel(Args<T> a, const float* __restrict__ w_user,
-                             float* __restrict__ partial) {
-  __shared__ float s_tile[kSumTileFloats];
+  __shared__ float s_x[kEdgeThreads * kFoldCols];
   __shared__ float s_part[kEdgeThreads];
-  const int H = a.H, De = a.De, HD = H * De;
-  const int tile_rows = kSumTileFloats / (H + De);  // >= 7: H + De <= 528
-  float* s_w = s_tile;
-  float* s_x = s_tile + tile_rows * H;
-  const bool grouped = HD <= kEdgeThreads;
-  const int groups = grouped ? kEdgeThreads / HD : 1;
-  const int g = grouped ? threadIdx.x / HD : 0;
-  const int o0 = grouped ? threadIdx.x % HD : threadIdx.x;
-  // (HD <= 512: at most two outputs per thread)
-  const int h0 = o0 / De, d0 = o0 - h0 * De;
-  const int o1 = o0 + kEdgeThreads, h1 = o1 / De, d1 = o1 - h1 * De;
-  const bool active = g < groups && o0 < HD, two = !grouped && o1 < HD;
-  float acc0 = 0.f, acc1 = 0.f;
-  const int64_t r0 = (int64_t)blockIdx.x * kSumRows;
-  const int64_t r1 = r0 + kSumRows < a.n_in ? r0 + kSumRows : a.n_in;
-  for (int64_t t0 = r0; t0 < r1; t0 += tile_rows) {
-    const int n = (int)(r1 - t0 < tile_rows ? r1 - t0 : tile_rows);
+  __shared__ float s_acc[kEdgeRowsMaxHD];
+  __shared__ int64_t s_r[kEdgeThreads];
+  load_shared_mat(a, s_m);
+  const int H = a.H, De = a.De, HD = H * De, t = threadIdx.x;
+  for (int i = t; i < HD; i += kEdgeThreads) s_acc[i] = 0.f;
+  const int64_t tiles = (a.n_edges + kEdgeThreads - 1) / kEdgeThreads;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int64_t p0 = tile * kEdgeThreads;
+    const int64_t left = a.n_edges - p0;
+    const int n = (int)(left < kEdgeThreads ? left : kEdgeThreads) * H;
     __syncthreads();  // (the previous tile is consumed)
-    for (int i = threadIdx.x; i < n * H; i += kEdgeThreads)
-      s_w[i] = w_user[t0 * H + i];
-    for (int i = threadIdx.x; i < n * De; i += kEdgeThreads)
-      s_x[i] = to_float(a.x[t0 * De + i]);
+    for (int i = t; i < n; i += kEdgeThreads) s_w[i] = to_float(a.w[p0 * H + i]);
     __syncthreads();
-    if (active)
-      for (int e = g; e < n; e += groups) {
-        acc0 = fmaf(s_w[e * H + h0], s_x[e * De + d0], acc0);
-        if (two) acc1 = fmaf(s_w[e * H + h1], s_x[e * De + d1], acc1);
-      }
-  }
-  if (grouped) {  // (block-uniform)
-    s_part[threadIdx.x] = acc0;
-    __syncthreads();
-    if (threadIdx.x < HD) {
-      float sum = 0.f;
-      for (int k = 0; k < groups; ++k) sum += s_part[k * HD + threadIdx.x];
-      partial[(int64_t)blockIdx.x * HD + threadIdx.x] = sum;
+    const int64_t p = p0 + t;
+    int64_t r = a.n_in;  // (past the tile, or a loop: no user row)
+    if (p < a.n_edges) r = a.index != nullptr ? a.index[p] : p;
+    float wv[MAXH];
+#pragma unroll
+    for (int h = 0; h < MAXH; ++h)
+      wv[h] = h < H && r < a.n_in ? s_w[t * H + h] : 0.f;
+    if (r < a.n_in && loop_w != nullptr && a.fill != 3) {
+      const float* lw = loop_w + row_of_edge(a.rowptr, a.n_rows, p) * H;
+#pragma unroll
+      for (int h = 0; h < MAXH; ++h)
+        if (h < H) wv[h] += lw[h];
     }
-  } else {
-    if (o0 < HD) partial[(int64_t)blockIdx.x * HD + o0] = acc0;
-    if (two) partial[(int64_t)blockIdx.x * HD + o1] = acc1;
+    if (r < a.n_in && a.scatter != nullptr) edge_scatter(a, r, s_m, wv);
+    if (partial == nullptr) continue;  // (block-uniform)
+    // this thread's w' (0 for loops and past the tile) replaces its slice
+#pragma unroll
+    for (int h = 0; h < MAXH; ++h)
+      if (h < H) s_w[t * H + h] = wv[h];
+    s_r[t] = r;
+    for (int d0 = 0; d0 < De; d0 += kFoldCols) {
+      const int cw = De - d0 < kFoldCols ? De - d0 : kFoldCols;
+      __syncthreads();  // (s_w / s_r written; the previous columns consumed)
+      {
+        const int64_t rr = s_r[t];
+        float* xs = s_x + t * kFoldCols;
+        if (rr < a.n_in)
+          for (int c = 0; c < cw; ++c) xs[c] = to_float(a.x[rr * De + d0 + c]);
+        else
+          for (int c = 0; c < cw; ++c) xs[c] = 0.f;
+      }
+      __syncthreads();
+      const int n_out = H * cw;  // <= 16 * 16 = kEdgeThreads
+      const int groups = kEdgeThreads / n_out, g = t / n_out, o = t % n_out;
+      const int h = o / cw, c = o - h * cw;
+      float sum = 0.f;
+      if (g < groups)
+        for (int e = g; e < kEdgeThreads; e += groups)
+          sum = fmaf(s_w[e * H + h], s_x[e * kFoldCols + c], sum);
+      s_part[t] = sum;
+      __syncthreads();
+      if (t < n_out) {
+        float total = 0.f;
+        for (int k = 0; k < groups; ++k) total += s_part[k * n_out + t];
+        s_acc[h * De + d0 + c] += total;
+      }
+    }
   }
+  if (partial == nullptr) return;
+  __syncthreads();
+  for (int i = t; i < HD; i += kEdgeThreads)
+    partial[(int64_t)blockIdx.x * HD + i] = s_acc[i];
 }
 
 }  // namespace edge_rows
