@@ -170,9 +170,10 @@ fi
 if has compilelog; then  # why a compiled dfgnn step is slow: recompiles,
   # graph breaks, cudagraph re-records of a few steps
   stage compilelog ${COMPILELOG_TIMEOUT:-300} env \
-    TORCH_LOGS=recompiles,graph_breaks,cudagraphs $PY scripts/profile_step.py \
-    --cfg ${PROFILE_CFG:-configs/pattern-gps.yaml} --variants dfgnn-compile \
-    --steps 8 --profile-steps 2 --json "$OUT/profile_compile.json"
+    TORCH_LOGS=recompiles,graph_breaks,cudagraphs $PY scripts/compile_steps.py \
+    --cfg ${PROFILE_CFG:-configs/pattern-gps.yaml} \
+    --variants ${COMPILE_VARIANTS:-dfgnn,dfgnn-nocg} --steps ${COMPILE_STEPS:-40} \
+    --json "$OUT/compile_steps.json"
 fi
 if has e2e; then  # same config, backend pyg vs dfgnn, same data and epochs
   stage e2e ${E2E_TIMEOUT:-300} $PY -m pyg_dfgnn bench-e2e \

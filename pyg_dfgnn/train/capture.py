@@ -160,18 +160,21 @@ class CompiledStep:
         warmup (int): eager steps before the compiled ones.
         backend (str): ``torch.compile`` backend (``'inductor'``; the
             tests also trace with ``'aot_eager'``, which compiles nothing).
+        cuda_graphs (bool): on CUDA with inductor, replay the graphs as
+            CUDA graphs (``mode='reduce-overhead'``); ``False`` runs
+            inductor's default mode (diagnostics: what the graphs cost).
     """
 
     def __init__(self, step: Callable[[Any], None], device: Any,
                  static: Sequence[Tensor] = (), warmup: int = 1,
-                 backend: str = 'inductor') -> None:
+                 backend: str = 'inductor', cuda_graphs: bool = True) -> None:
         from torch._dynamo.utils import counters
         torch.compiler.reset()
         for t in static:
             torch._dynamo.mark_static_address(t)
         self.step, self.warmup = step, warmup
-        self.cuda_graphs = torch.device(device).type == 'cuda' and \
-            backend == 'inductor'
+        self.cuda_graphs = cuda_graphs and \
+            torch.device(device).type == 'cuda' and backend == 'inductor'
         self.compiled = torch.compile(
             step, backend=backend, dynamic=False,
             mode='reduce-overhead' if self.cuda_graphs else None)

@@ -1,0 +1,129 @@
+"""Why a compiled training step is slow (GPU): each step of
+``train.capture=compile`` timed on its own (synchronized), with the
+padded batch's shape and what dynamo / inductor counted during it
+(recompiles, graph breaks, CUDA-graph recordings and skips).
+
+Variants: ``dfgnn`` / ``pyg`` (``backend``; device loader, step through
+torch.compile with CUDA graphs, as the runner's ``train.capture=compile``)
+and ``dfgnn-nocg`` / ``pyg-nocg`` (the same compiled graphs without CUDA
+graphs: inductor's default mode). A step that stays slow long after the
+last new shape, with a recording or skip counted in it, points at the
+CUDA graphs; one slow in both modes points at the compiled code.
+
+    TORCH_LOGS=recompiles,graph_breaks,cudagraphs \\
+        python scripts/compile_steps.py [--variants dfgnn,dfgnn-nocg] \\
+        [--steps 40] [--size 2000] [--json out.json] [key=value ...]
+"""
+import argparse
+import json
+import os
+import sys
+import time
+from collections import Counter
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def snapshot():
+    """All of dynamo's counters (``counters[group][key]``), flattened."""
+    from torch._dynamo.utils import counters
+    return Counter({f'{g}.{k}': v for g, c in counters.items()
+                    for k, v in c.items() if isinstance(v, (int, float))})
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument('--cfg', default='configs/pattern-gps.yaml')
+    p.add_argument('--size', type=int, default=2000)
+    p.add_argument('--steps', type=int, default=40)
+    p.add_argument('--variants', default='dfgnn,dfgnn-nocg')
+    p.add_argument('--json', default=None)
+    p.add_argument('overrides', nargs='*')
+    args = p.parse_args()
+
+    from pyg_dfgnn.datasets import build_datasets
+    from pyg_dfgnn.train.capture import CompiledStep
+    from pyg_dfgnn.train.config import load_config
+    from pyg_dfgnn.train.model import build_model
+    from pyg_dfgnn.train.runner import (EpochStats, make_loaders,
+                                        make_optimizer, train_step)
+
+    dev = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+    # (CPU: traced with aot_eager, no code generation -- a smoke run)
+    compiler = 'inductor' if dev.type == 'cuda' else 'aot_eager'
+
+    def sync():
+        if dev.type == 'cuda':
+            torch.cuda.synchronize()
+    bundle, report = None, []
+    for name in args.variants.split(','):
+        backend, _, mode = name.partition('-')
+        cfg = load_config(args.cfg, [f'dataset.size={args.size}',
+                                     'train.num_workers=0',
+                                     f'backend={backend}',
+                                     'train.loader=device',
+                                     'train.capture=compile'] +
+                          args.overrides)
+        if bundle is None:
+            bundle = build_datasets(cfg)
+        torch.manual_seed(0)
+        model = build_model(cfg, bundle.dim_in, bundle.dim_out,
+                            bundle.num_node_types, bundle.dim_edge,
+                            bundle.num_edge_types).to(dev)
+        opt = make_optimizer(cfg, model.parameters(), 'compile')
+        loader, _ = make_loaders(cfg, bundle, dev, model, torch.Generator(),
+                                 True)
+        stats = EpochStats(cfg.metric_best, bundle.dim_out, dev)
+        model.train()
+        run = CompiledStep(lambda b: train_step(model, opt, b, cfg, stats),
+                           dev, static=(stats.sums, ), backend=compiler,
+                           cuda_graphs=mode != 'nocg')
+        print(f'\n== {name}: step, ms, padded nodes / edges, counters that '
+              f'moved', flush=True)
+        steps, done, shapes = [], 0, set()
+        while done < args.steps:
+            for batch in loader:
+                if done == args.steps:
+                    break
+                shape = (batch.num_nodes, batch.edge_index.size(1))
+                before = snapshot()
+                sync()
+                t0 = time.perf_counter()
+                run(batch)
+                sync()
+                ms = (time.perf_counter() - t0) * 1e3
+                moved = {k: v for k, v in (snapshot() - before).items()}
+                new = shape not in shapes
+                shapes.add(shape)
+                steps.append({'step': done, 'ms': ms, 'nodes': shape[0],
+                              'edges': shape[1], 'new_shape': new,
+                              'counters': moved})
+                print(f'{done:4d} {ms:9.1f} {shape[0]:7d} {shape[1]:8d}'
+                      f"{' new' if new else '    '} "
+                      + ' '.join(f"{k.splitlines()[0][:60]}+{v}"
+                                 for k, v in sorted(moved.items())),
+                      flush=True)
+                done += 1
+        late = [s['ms'] for s in steps[len(steps) // 2:]]
+        late.sort()
+        median = late[len(late) // 2] if late else float('nan')
+        report.append({'variant': name, 'shapes': len(shapes),
+                       'median_ms_second_half': median, 'steps': steps})
+        print(f'{name}: {len(shapes)} shapes, median step of the second '
+              f'half {median:.1f} ms', flush=True)
+        del model, opt, loader, run
+        torch.cuda.empty_cache()
+    print(f"\n{'variant':14s} {'shapes':>6s} {'ms/step (2nd half)':>19s}")
+    for r in report:
+        print(f"{r['variant']:14s} {r['shapes']:6d} "
+              f"{r['median_ms_second_half']:19.1f}")
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(report, f, indent=2)
+
+
+if __name__ == '__main__':
+    main()
