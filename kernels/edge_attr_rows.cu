@@ -233,8 +233,9 @@ void run_shared_mat(edge_rows::Args<T> a,
     }
     // persistent blocks (a few per SM): one d M partial each
     const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-    const unsigned grad_blocks =
-        std::min<unsigned>(edge_blocks, (unsigned)(4 * sms));
+    const int64_t tile = grad_tile_edges((int)De);
+    const unsigned grad_blocks = (unsigned)std::min<int64_t>(
+        (a.n_edges + tile - 1) / tile, 4 * (int64_t)sms);
     at::Tensor dm;
     at::Tensor partial = at::empty({sums ? (int64_t)grad_blocks : 0, H * De},
                                    fopts);

@@ -20,7 +20,6 @@ namespace pyg_dfgnn {
 namespace edge_rows {
 
 constexpr int kEdgeThreads = 256;
-constexpr int kFoldCols = 16;  // shared_grad: x columns staged per pass
 
 // The CSR row holding edge p: the last row with rowptr[row] <= p.
 __device__ __forceinline__ int64_t row_of_edge(const int64_t* rowptr,
@@ -126,86 +125,157 @@ __global__ void __launch_bounds__(kThreads)
 
 // For each non-loop edge p reading user row r: w' = w[p] (+ its row's
 // handed loop weight), d x[r] = sum_h w'_h M_h (scatter) and, with
-// `partial`, d M = sum_p w'_p x_p^T folded in: the tile's w' stay in
-// shared memory, its x rows are staged kFoldCols columns at a time, thread
-// groups over the (h, column) outputs sum the tile's edges in order, and
-// the block's running sums (s_acc) leave once as partial[block] (summed on
-// the host: deterministic). Persistent blocks stride over tiles of
-// kEdgeThreads edges. (Session 11's first version wrote w' in the user's
-// order and summed w'^T x in a second kernel: 0.38 + 0.39 ms on gat-edge.)
-template <typename T, int MAXH>
-__global__ void __launch_bounds__(kEdgeThreads)
-    shared_grad_kernel(Args<T> a, const float* __restrict__ loop_w,
-                       float* __restrict__ partial) {
-  __shared__ float s_m[kEdgeRowsMaxHD];
-  __shared__ float s_w[kEdgeThreads * MAXH];
-  __shared__ float s_x[kEdgeThreads * kFoldCols];
-  __shared__ float s_part[kEdgeThreads];
-  __shared__ float s_acc[kEdgeRowsMaxHD];
-  __shared__ int64_t s_r[kEdgeThreads];
-  load_shared_mat(a, s_m);
+// `partial`, d M = sum_p w'_p x_p^T. Tiles of te = min(256, 4096 / De)
+// edges: the tile's w' and x rows are staged in shared memory (coalesced
+// loads of whole rows), d x is formed from them with threads over (edge,
+// VW columns), and each thread keeps its d M cells -- one head by VW
+// columns, summed over every tile the block takes -- in registers; the
+// blocks' partials leave once (summed on the host: deterministic).
+// Persistent blocks. (Session 12's first fold summed each tile's products
+// through shared memory under seven barriers per tile: 0.74 ms on
+// gat-edge, against ~0.25 for its traffic.)
+constexpr int kGradTileFloats = 4096;  // s_w and s_x: floats each
+
+// Edges per shared_grad tile: the tile's x rows fit s_x.
+__host__ __device__ inline int grad_tile_edges(int De) {
+  return De >= kGradTileFloats / kEdgeThreads ? kGradTileFloats / De
+                                              : kEdgeThreads;
+}
+
+template <typename T, int MAXH, int VW>
+__device__ __forceinline__ void shared_grad_tiles(
+    const Args<T>& a, const float* __restrict__ loop_w,
+    float* __restrict__ partial, const float* s_m, float* s_w, float* s_x,
+    int64_t* s_r, int64_t* s_rows) {
   const int H = a.H, De = a.De, HD = H * De, t = threadIdx.x;
-  for (int i = t; i < HD; i += kEdgeThreads) s_acc[i] = 0.f;
-  const int64_t tiles = (a.n_edges + kEdgeThreads - 1) / kEdgeThreads;
+  const int te = grad_tile_edges(De);
+  const int qs = De / VW;       // VW-column groups per row
+  const int cells = H * qs;     // d M cells (one head x VW columns)
+  const int groups = cells >= kEdgeThreads ? 1 : kEdgeThreads / cells;
+  const int g = t / cells;      // (cells >= 256: 0)
+  constexpr int kSlots = kEdgeRowsMaxHD / kEdgeThreads;  // cells per thread
+  float acc[kSlots][VW];
+#pragma unroll
+  for (int k = 0; k < kSlots; ++k)
+#pragma unroll
+    for (int c = 0; c < VW; ++c) acc[k][c] = 0.f;
+  const int64_t tiles = (a.n_edges + te - 1) / te;
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int64_t p0 = tile * kEdgeThreads;
-    const int64_t left = a.n_edges - p0;
-    const int n = (int)(left < kEdgeThreads ? left : kEdgeThreads) * H;
+    const int64_t p0 = tile * te;
+    const int n = (int)(a.n_edges - p0 < te ? a.n_edges - p0 : te);
     __syncthreads();  // (the previous tile is consumed)
-    for (int i = t; i < n; i += kEdgeThreads) s_w[i] = to_float(a.w[p0 * H + i]);
-    __syncthreads();
-    const int64_t p = p0 + t;
-    int64_t r = a.n_in;  // (past the tile, or a loop: no user row)
-    if (p < a.n_edges) r = a.index != nullptr ? a.index[p] : p;
-    float wv[MAXH];
-#pragma unroll
-    for (int h = 0; h < MAXH; ++h)
-      wv[h] = h < H && r < a.n_in ? s_w[t * H + h] : 0.f;
-    if (r < a.n_in && loop_w != nullptr && a.fill != 3) {
-      const float* lw = loop_w + row_of_edge(a.rowptr, a.n_rows, p) * H;
-#pragma unroll
-      for (int h = 0; h < MAXH; ++h)
-        if (h < H) wv[h] += lw[h];
+    if (t < te) {
+      const int64_t p = p0 + t;
+      s_r[t] = t < n ? (a.index != nullptr ? a.index[p] : p) : a.n_in;
     }
-    if (r < a.n_in && a.scatter != nullptr) edge_scatter(a, r, s_m, wv);
-    if (partial == nullptr) continue;  // (block-uniform)
-    // this thread's w' (0 for loops and past the tile) replaces its slice
-#pragma unroll
-    for (int h = 0; h < MAXH; ++h)
-      if (h < H) s_w[t * H + h] = wv[h];
-    s_r[t] = r;
-    for (int d0 = 0; d0 < De; d0 += kFoldCols) {
-      const int cw = De - d0 < kFoldCols ? De - d0 : kFoldCols;
-      __syncthreads();  // (s_w / s_r written; the previous columns consumed)
-      {
-        const int64_t rr = s_r[t];
-        float* xs = s_x + t * kFoldCols;
-        if (rr < a.n_in)
-          for (int c = 0; c < cw; ++c) xs[c] = to_float(a.x[rr * De + d0 + c]);
-        else
-          for (int c = 0; c < cw; ++c) xs[c] = 0.f;
+    for (int i = t; i < n * H; i += kEdgeThreads)
+      s_w[i] = to_float(a.w[p0 * H + i]);
+    if (loop_w != nullptr && t < 2)  // the rows the tile's edges lie in
+      s_rows[t] = row_of_edge(a.rowptr, a.n_rows, t == 0 ? p0 : p0 + n - 1);
+    __syncthreads();
+    if (t < te) {  // w' of edge t: 0 for loops and past the tile
+      const bool own = s_r[t] < a.n_in;
+      const float* lw = nullptr;
+      if (own && loop_w != nullptr) {
+        int64_t lo = s_rows[0], hi = s_rows[1];
+        const int64_t p = p0 + t;
+        while (lo < hi) {
+          const int64_t mid = (lo + hi + 1) / 2;
+          if (a.rowptr[mid] <= p) lo = mid; else hi = mid - 1;
+        }
+        lw = loop_w + lo * H;
       }
-      __syncthreads();
-      const int n_out = H * cw;  // <= 16 * 16 = kEdgeThreads
-      const int groups = kEdgeThreads / n_out, g = t / n_out, o = t % n_out;
-      const int h = o / cw, c = o - h * cw;
-      float sum = 0.f;
-      if (g < groups)
-        for (int e = g; e < kEdgeThreads; e += groups)
-          sum = fmaf(s_w[e * H + h], s_x[e * kFoldCols + c], sum);
-      s_part[t] = sum;
-      __syncthreads();
-      if (t < n_out) {
-        float total = 0.f;
-        for (int k = 0; k < groups; ++k) total += s_part[k * n_out + t];
-        s_acc[h * De + d0 + c] += total;
+      for (int h = 0; h < H; ++h)
+        s_w[t * H + h] = own ? s_w[t * H + h] + (lw != nullptr ? lw[h] : 0.f)
+                             : 0.f;
+    }
+    __syncthreads();
+    for (int i = t; i < te * qs; i += kEdgeThreads) {
+      const int e = i / qs, c0 = (i - e * qs) * VW;
+      const int64_t r = s_r[e];
+      const bool own = r < a.n_in;
+      if (own && a.scatter != nullptr) {  // d x[r, c0:c0+VW]
+        float gx[VW];
+#pragma unroll
+        for (int c = 0; c < VW; ++c) gx[c] = 0.f;
+#pragma unroll
+        for (int h = 0; h < MAXH; ++h)
+          if (h < H) {
+            const float wh = s_w[e * H + h];
+#pragma unroll
+            for (int c = 0; c < VW; ++c)
+              gx[c] = fmaf(wh, s_m[h * De + c0 + c], gx[c]);
+          }
+        store_vec<T, VW>(a.scatter + r * De + c0, gx);
+      }
+      if (partial != nullptr) {
+        float xv[VW];
+        if (own) {
+          load_vec<T, VW>(a.x + r * De + c0, xv);
+        } else {
+#pragma unroll
+          for (int c = 0; c < VW; ++c) xv[c] = 0.f;
+        }
+#pragma unroll
+        for (int c = 0; c < VW; ++c) s_x[e * De + c0 + c] = xv[c];
+      }
+    }
+    if (partial == nullptr) continue;  // (block-uniform)
+    __syncthreads();
+    if (g < groups) {
+#pragma unroll
+      for (int k = 0; k < kSlots; ++k) {
+        const int cell = (t % (cells < kEdgeThreads ? cells : kEdgeThreads)) +
+                         k * kEdgeThreads;
+        if (cell >= cells || (k > 0 && cells < kEdgeThreads)) break;
+        const int h = cell / qs, c0 = (cell - h * qs) * VW;
+        for (int e = g; e < te; e += groups) {
+          const float wh = s_w[e * H + h];
+#pragma unroll
+          for (int c = 0; c < VW; ++c)
+            acc[k][c] = fmaf(wh, s_x[e * De + c0 + c], acc[k][c]);
+        }
       }
     }
   }
   if (partial == nullptr) return;
+  // the groups' sums: [groups, HD] through s_x, then one row per block
   __syncthreads();
-  for (int i = t; i < HD; i += kEdgeThreads)
-    partial[(int64_t)blockIdx.x * HD + i] = s_acc[i];
+  if (g < groups) {
+#pragma unroll
+    for (int k = 0; k < kSlots; ++k) {
+      const int cell = (t % (cells < kEdgeThreads ? cells : kEdgeThreads)) +
+                       k * kEdgeThreads;
+      if (cell >= cells || (k > 0 && cells < kEdgeThreads)) break;
+#pragma unroll
+      for (int c = 0; c < VW; ++c) s_x[g * HD + cell * VW + c] = acc[k][c];
+    }
+  }
+  __syncthreads();
+  for (int o = t; o < HD; o += kEdgeThreads) {
+    float total = 0.f;
+    for (int k = 0; k < groups; ++k) total += s_x[k * HD + o];
+    partial[(int64_t)blockIdx.x * HD + o] = total;
+  }
+}
+
+template <typename T, int MAXH>
+__global__ void __launch_bounds__(kEdgeThreads, 4)
+    shared_grad_kernel(Args<T> a, const float* __restrict__ loop_w,
+                       float* __restrict__ partial) {
+  __shared__ float s_m[kEdgeRowsMaxHD];
+  __shared__ __align__(16) float s_w[kGradTileFloats];
+  __shared__ __align__(16) float s_x[kGradTileFloats];
+  __shared__ int64_t s_r[kEdgeThreads];
+  __shared__ int64_t s_rows[2];
+  load_shared_mat(a, s_m);
+  // (the first tile's barrier orders s_m before its use)
+  if (a.vec)
+    shared_grad_tiles<T, MAXH, kVW>(a, loop_w, partial, s_m, s_w, s_x, s_r,
+                                    s_rows);
+  else
+    shared_grad_tiles<T, MAXH, 1>(a, loop_w, partial, s_m, s_w, s_x, s_r,
+                                  s_rows);
 }
 
 }  // namespace edge_rows
