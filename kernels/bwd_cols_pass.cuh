@@ -173,17 +173,15 @@ __device__ __forceinline__ void cols_pass(const BwdArgs<T, I>& a,
         for (int it = lane; !LEAN && it < n * H; it += kWarpSize) {
           const int e = (int)(((unsigned)it * h_magic) >> 20), h = it - e * H;
           const float2 pt = a.ebuf[w.e[e] * H + h];
-          const float p = fabsf(pt.x);
-          // dV takes the dropped p' = f p (sign bit: dropped, see rows)
-          w.p[h * C + e] = !FEAT ? p : signbit(pt.x) ? 0.f : p * keep_scale;
+          const ItemP ip = unpack_item_p<KIND>(pt.x);
+          const float p = ip.p;
+          // dV takes the dropped p' = f p
+          w.p[h * C + e] = !FEAT ? p : ip.dropped ? 0.f : p * keep_scale;
           if (!need_ds) continue;
           const OFF ir = (OFF)w.j[e];
           float ds = pt.y - p * db[ir * H + h];
-          if constexpr (KIND == kAdd) {
-            float z = w.own[h] + to_float(qb[ir * H + h]);
-            if ((FEAT && a.et.es != nullptr)) z += to_float(a.et.es[w.e[e] * H + h]);
-            ds *= leaky_relu_grad(z, a.slope);
-          }
+          if constexpr (KIND == kAdd)  // leaky'(z), as the rows pass saw z
+            if (ip.negative) ds *= a.slope;
           if constexpr (KIND != kGatv2)  // d es = ds (leaky' for 'add')
             if ((FEAT && a.g_es != nullptr) && pass == 0)
               a.g_es[w.e[e] * H + h] = from_float<T>(ds);

@@ -14,7 +14,8 @@
 // leaky'(z_ij) (add: a scalar per head). D_i is summed in fp32 from the
 // same p and dp (not <dO_i, O_i> from a rounded output), and goes to drow.
 // Cols pass (CSC, owner = source j, one kernel): per edge (p, t) =
-// ebuf[csc_perm], ds = t - p D_i, then
+// ebuf[csc_perm], ds = (t - p D_i) (times leaky'(z_ij) for 'add', from a
+// flag bit of the stored p, see pack_item_p), then
 //   dK_j = sum_i ds_ij g_ij (g with q_i),  dV_j = sum_i p_ij dO_i,
 //   d att += ds_ij leaky(z_ij) (gatv2: per-block partials, summed by host).
 // No dot products there, no atomics anywhere: deterministic.
@@ -29,8 +30,8 @@
 //   gradient, both terms in the dV slots);
 //   dropout: the rows pass regenerates the mask factor f (0 or 1 / (1 - p))
 //   from the forward's Philox (seed, offset): dp' = f dp, p' = f p, and
-//   stores (f == 0 ? -p : p, t) in ebuf, so the cols pass reads the mask
-//   from the sign instead of recomputing it;
+//   marks a dropped edge in the sign of ebuf's p (pack_item_p), so the
+//   cols pass reads the mask instead of recomputing it;
 //   attention weights with a gradient (alpha returned by the forward):
 //   dp' += g_alpha (times f when alpha was returned after dropout).
 //
@@ -75,6 +76,41 @@
 
 namespace pyg_dfgnn {
 namespace bwd {
+
+// ebuf's p word: p of an item, the sign bit set for an edge that dropout
+// dropped; for 'add' also bit 30 -- never set in a float below 2 -- for a
+// negative LeakyReLU input (leaky' = slope), so that the cols pass needs
+// neither the score's node terms nor es to form ds ('add' clamps p to <= 1,
+// which rounding can exceed; a NaN p from NaN inputs is stored as it is).
+struct ItemP {
+  float p;  // >= 0 (or NaN)
+  bool dropped, negative;
+};
+template <int KIND>
+__device__ __forceinline__ float pack_item_p(float p, bool dropped,
+                                             bool negative) {
+  if constexpr (KIND != kAdd) {
+    return dropped ? -p : p;
+  } else {
+    if (p != p) return dropped ? -p : p;
+    unsigned u = __float_as_uint(fminf(p, 1.f));
+    if (negative) u |= 1u << 30;
+    if (dropped) u |= 1u << 31;
+    return __uint_as_float(u);
+  }
+}
+template <int KIND>
+__device__ __forceinline__ ItemP unpack_item_p(float word) {
+  if constexpr (KIND != kAdd) {
+    return {fabsf(word), signbit(word) != 0, false};
+  } else {
+    const unsigned u = __float_as_uint(word), mag = u & 0x7fffffffu;
+    if (mag > 0x7f800000u)  // NaN
+      return {__uint_as_float(mag), (u >> 31) != 0, false};
+    return {__uint_as_float(mag & 0x3fffffffu), (u >> 31) != 0,
+            ((mag >> 30) & 1u) != 0};
+  }
+}
 
 constexpr int kChunk = 32;         // edges per chunk (items in smem)
 constexpr int kStagedWarps = 32;   // warps of a staged (windowed) block
