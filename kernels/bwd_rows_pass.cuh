@@ -84,27 +84,18 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
         }
         for (int it0 = 0; (pass == 0 || lean) && it0 < n_items;
              it0 += 2 * ng) {
-          // pre ('add'): z (node terms and es), loaded before the dot
-          // product so that its latency overlaps it ('dot' keeps es after
-          // the shuffles: loaded early it costs the pass spills)
-          float ps[2], pd[2], pre[2];
+          float ps[2], pd[2];
           int ie[2], ih[2];
 #pragma unroll
           for (int u = 0; u < 2; ++u) {
             const int it = it0 + u * ng + gi;
-            ps[u] = pd[u] = pre[u] = 0.f;
+            ps[u] = pd[u] = 0.f;
             ie[u] = -1, ih[u] = 0;
             if (it < n_items) {
               const int e = (int)(((unsigned)it * h_magic) >> 20);
               const int h = it - e * H;
               ie[u] = e, ih[u] = h;
               const OFF jr = (OFF)w.j[e];
-              if constexpr (KIND == kAdd)
-                if (lg == 0) {
-                  pre[u] = w.own[h] + to_float(kb[jr * H + h]);
-                  if ((FEAT && a.et.es != nullptr))
-                    pre[u] += to_float(a.et.es[(cb + e) * H + h]);
-                }
               if constexpr (KIND != kAdd)
                 ps[u] = score_part<KIND, T, VW>(
                     w.own + h * D, kb + jr * HD_k + h * D, att + h * D, D,
@@ -131,7 +122,9 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
                   sc += to_float(a.et.es[(cb + e) * H + h]);
               }
               if constexpr (KIND == kAdd) {
-                const float z = pre[u];
+                float z = w.own[h] + to_float(kb[(OFF)w.j[e] * H + h]);
+                if ((FEAT && a.et.es != nullptr))
+                  z += to_float(a.et.es[(cb + e) * H + h]);
                 sc = leaky_relu(z, a.slope);
                 gz = leaky_relu_grad(z, a.slope);
               }

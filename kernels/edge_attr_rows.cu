@@ -25,6 +25,8 @@
 // row (M shared by all rows, GAT) takes the edge-parallel kernels of
 // edge_attr_shared.cuh instead, and its sums come back summed over the
 // rows ([1, H, De]).
+#include <limits>
+
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -223,12 +225,18 @@ void run_shared_mat(edge_rows::Args<T> a,
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
     if (!sums && a.scatter == nullptr) return;
-    at::Tensor loop_w;
+    at::Tensor loop_w, edge_row;
     const bool handed = a.fill == 1 || a.fill == 2;
     if (handed || (a.fill == 3 && sums)) {
       loop_w = at::empty({a.n_rows, H}, fopts);
+      if (handed) {
+        TORCH_CHECK(a.n_rows <= std::numeric_limits<int32_t>::max(),
+                    "edge_attr_rows: more than 2^31 - 1 rows");
+        edge_row = at::empty({a.n_edges}, fopts.dtype(at::kInt));
+      }
       loop_weights_kernel<T><<<row_blocks, kThreads, 0, stream>>>(
-          a, loop_w.data_ptr<float>());
+          a, loop_w.data_ptr<float>(),
+          handed ? edge_row.data_ptr<int32_t>() : nullptr);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
     // persistent blocks (a few per SM): one d M partial each
@@ -242,6 +250,7 @@ void run_shared_mat(edge_rows::Args<T> a,
     if (grad_blocks > 0) {
       shared_grad_kernel<T, MAXH><<<grad_blocks, kEdgeThreads, 0, stream>>>(
           a, handed ? loop_w.data_ptr<float>() : nullptr,
+          handed ? edge_row.data_ptr<int32_t>() : nullptr,
           sums ? partial.data_ptr<float>() : nullptr);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }

@@ -21,17 +21,6 @@ namespace edge_rows {
 
 constexpr int kEdgeThreads = 256;
 
-// The CSR row holding edge p: the last row with rowptr[row] <= p.
-__device__ __forceinline__ int64_t row_of_edge(const int64_t* rowptr,
-                                               int64_t n_rows, int64_t p) {
-  int64_t lo = 0, hi = n_rows - 1;
-  while (lo < hi) {
-    const int64_t mid = (lo + hi + 1) / 2;
-    if (rowptr[mid] <= p) lo = mid; else hi = mid - 1;
-  }
-  return lo;
-}
-
 template <typename T>
 __device__ __forceinline__ void load_shared_mat(const Args<T>& a, float* m) {
   for (int i = threadIdx.x; i < a.H * a.De; i += blockDim.x)
@@ -107,14 +96,19 @@ __global__ void __launch_bounds__(kThreads) loop_dots_kernel(Args<T> a) {
 
 // Per row, the weight of its loop: handed to the row's other edges (fill 1
 // / 2: w[loop] * share) or kept for d M with the fill row (fill 3); 0
-// without a loop. Warp per row; out [rows, H].
+// without a loop. Warp per row; out [rows, H]; with edge_row, also each
+// edge's row (shared_grad_kernel's edges find their handed weight by it).
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    loop_weights_kernel(Args<T> a, float* __restrict__ out) {
+    loop_weights_kernel(Args<T> a, float* __restrict__ out,
+                        int32_t* __restrict__ edge_row) {
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int64_t row = (int64_t)blockIdx.x * kWarps + warp;
   if (row >= a.n_rows) return;
   const int64_t lo = a.rowptr[row], hi = a.rowptr[row + 1];
+  if (edge_row != nullptr)
+    for (int64_t p = lo + lane; p < hi; p += kWarpSize)
+      edge_row[p] = (int32_t)row;
   const int64_t loop_p = row_loop(a, lo, hi, lane);
   const int64_t count = hi - lo - 1;
   const float share = loop_share(a.fill, count);
@@ -130,7 +124,9 @@ __global__ void __launch_bounds__(kThreads)
 // loads of whole rows), d x is formed from them with threads over (edge,
 // VW columns), and each thread keeps its d M cells -- one head by VW
 // columns, summed over every tile the block takes -- in registers; the
-// blocks' partials leave once (summed on the host: deterministic).
+// blocks' partials leave once (summed on the host: deterministic). An
+// edge's handed loop weight is found through edge_row (written by
+// loop_weights_kernel), loaded with the tile's index: no search.
 // Persistent blocks. (Session 12's first fold summed each tile's products
 // through shared memory under seven barriers per tile: 0.74 ms on
 // gat-edge, against ~0.25 for its traffic.)
@@ -145,8 +141,8 @@ __host__ __device__ inline int grad_tile_edges(int De) {
 template <typename T, int MAXH, int VW>
 __device__ __forceinline__ void shared_grad_tiles(
     const Args<T>& a, const float* __restrict__ loop_w,
-    float* __restrict__ partial, const float* s_m, float* s_w, float* s_x,
-    int64_t* s_r, int64_t* s_rows) {
+    const int32_t* __restrict__ edge_row, float* __restrict__ partial,
+    const float* s_m, float* s_w, float* s_x, int64_t* s_r) {
   const int H = a.H, De = a.De, HD = H * De, t = threadIdx.x;
   const int te = grad_tile_edges(De);
   const int qs = De / VW;       // VW-column groups per row
@@ -164,30 +160,31 @@ __device__ __forceinline__ void shared_grad_tiles(
     const int64_t p0 = tile * te;
     const int n = (int)(a.n_edges - p0 < te ? a.n_edges - p0 : te);
     __syncthreads();  // (the previous tile is consumed)
+    // edge t's user row and its row's handed loop weight (registers, read
+    // back after the barrier: no load waits behind one)
+    float lw[MAXH];
+#pragma unroll
+    for (int h = 0; h < MAXH; ++h) lw[h] = 0.f;
+    bool own = false;
     if (t < te) {
       const int64_t p = p0 + t;
-      s_r[t] = t < n ? (a.index != nullptr ? a.index[p] : p) : a.n_in;
+      const int64_t r = t < n ? (a.index != nullptr ? a.index[p] : p) : a.n_in;
+      s_r[t] = r;
+      own = r < a.n_in;
+      if (own && loop_w != nullptr) {
+        const float* lr = loop_w + (int64_t)edge_row[p] * H;
+#pragma unroll
+        for (int h = 0; h < MAXH; ++h)
+          if (h < H) lw[h] = lr[h];
+      }
     }
     for (int i = t; i < n * H; i += kEdgeThreads)
       s_w[i] = to_float(a.w[p0 * H + i]);
-    if (loop_w != nullptr && t < 2)  // the rows the tile's edges lie in
-      s_rows[t] = row_of_edge(a.rowptr, a.n_rows, t == 0 ? p0 : p0 + n - 1);
     __syncthreads();
     if (t < te) {  // w' of edge t: 0 for loops and past the tile
-      const bool own = s_r[t] < a.n_in;
-      const float* lw = nullptr;
-      if (own && loop_w != nullptr) {
-        int64_t lo = s_rows[0], hi = s_rows[1];
-        const int64_t p = p0 + t;
-        while (lo < hi) {
-          const int64_t mid = (lo + hi + 1) / 2;
-          if (a.rowptr[mid] <= p) lo = mid; else hi = mid - 1;
-        }
-        lw = loop_w + lo * H;
-      }
-      for (int h = 0; h < H; ++h)
-        s_w[t * H + h] = own ? s_w[t * H + h] + (lw != nullptr ? lw[h] : 0.f)
-                             : 0.f;
+#pragma unroll
+      for (int h = 0; h < MAXH; ++h)
+        if (h < H) s_w[t * H + h] = own ? s_w[t * H + h] + lw[h] : 0.f;
     }
     __syncthreads();
     for (int i = t; i < te * qs; i += kEdgeThreads) {
@@ -262,20 +259,20 @@ __device__ __forceinline__ void shared_grad_tiles(
 template <typename T, int MAXH>
 __global__ void __launch_bounds__(kEdgeThreads, 4)
     shared_grad_kernel(Args<T> a, const float* __restrict__ loop_w,
+                       const int32_t* __restrict__ edge_row,
                        float* __restrict__ partial) {
   __shared__ float s_m[kEdgeRowsMaxHD];
   __shared__ __align__(16) float s_w[kGradTileFloats];
   __shared__ __align__(16) float s_x[kGradTileFloats];
   __shared__ int64_t s_r[kEdgeThreads];
-  __shared__ int64_t s_rows[2];
   load_shared_mat(a, s_m);
   // (the first tile's barrier orders s_m before its use)
   if (a.vec)
-    shared_grad_tiles<T, MAXH, kVW>(a, loop_w, partial, s_m, s_w, s_x, s_r,
-                                    s_rows);
+    shared_grad_tiles<T, MAXH, kVW>(a, loop_w, edge_row, partial, s_m, s_w,
+                                    s_x, s_r);
   else
-    shared_grad_tiles<T, MAXH, 1>(a, loop_w, partial, s_m, s_w, s_x, s_r,
-                                  s_rows);
+    shared_grad_tiles<T, MAXH, 1>(a, loop_w, edge_row, partial, s_m, s_w,
+                                  s_x, s_r);
 }
 
 }  // namespace edge_rows
