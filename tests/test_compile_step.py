@@ -101,19 +101,28 @@ def _setup(tmp_path, *extra):
     return cfg, bundle, model, loader
 
 
+@pytest.fixture
+def one_compile_thread():
+    """Inductor's C++ builds in this process (no compile worker pool: its
+    workers' exit wrote BrokenPipe noise into the test log). Through the
+    config's own patch: monkeypatch's undo deletes the option."""
+    import torch._inductor.config as inductor_config
+    with inductor_config.patch(compile_threads=1):
+        yield
+
+
 @pytest.mark.skipif(shutil.which('c++') is None and shutil.which('g++') is
                     None, reason='inductor builds its CPU kernels with C++')
-def test_compiled_step_matches_eager(tmp_path, monkeypatch):
+@pytest.mark.parametrize('own_inputs', [False, True])
+def test_compiled_step_matches_eager(tmp_path, one_compile_thread,
+                                     own_inputs):
     """Inductor on the CPU: two epochs of padded batches (the first step
     eager, then compiled; demo.yaml's GPS model: fused DFGAT and global
     attention through the reference path, masked batch norms, RWSE), the
     learning rate changed between them; the same steps eagerly on a copy
-    of the model."""
-    # One GPS layer, one head layer: inductor's C++ builds take ~40 s; in
-    # this process (no compile worker pool: its workers' exit wrote
-    # BrokenPipe noise into the test log).
-    import torch._inductor.config as inductor_config
-    monkeypatch.setattr(inductor_config, 'compile_threads', 1)
+    of the model. ``own_inputs``: the compiled steps run on batches the
+    step owns per shape (as under CUDA graphs), later batches copied in."""
+    # One GPS layer, one head layer: inductor's C++ builds take ~40 s.
     cfg, bundle, model, loader = _setup(tmp_path, 'gt.layers=1',
                                         'gnn.layers_post_mp=1')
     twin = copy.deepcopy(model)
@@ -126,7 +135,7 @@ def test_compiled_step_matches_eager(tmp_path, monkeypatch):
     model.train()
     twin.train()
     step = CompiledStep(lambda b: train_step(model, opt, b, cfg, stats),
-                        CPU, static=(stats.sums, ))
+                        CPU, static=(stats.sums, ), own_inputs=own_inputs)
     # Fresh batches for each epoch, as the runner builds them.
     epochs = []
     for epoch in range(2):
@@ -149,6 +158,9 @@ def test_compiled_step_matches_eager(tmp_path, monkeypatch):
     # graph break in the model would add more), clipping, the update; none
     # recompiled for the second epoch's learning rate.
     assert captures[0] == captures[1] == 2 + len(keys)
+    if own_inputs:  # one owned batch per shape, reused across epochs
+        assert len(step.inputs) == len(keys)
+        assert len(keys) < step.compiled_steps
     ra, rb = stats.result(), stats2.result()
     assert ra['graphs'] == rb['graphs'] == 32
     assert ra['loss'] == pytest.approx(rb['loss'], rel=1e-5)
