@@ -27,7 +27,6 @@ import os.path as osp
 import random
 import sys
 import time
-import warnings
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -454,13 +453,6 @@ def capture_mode(cfg: Config, device: torch.device) -> str:
         raise ConfigError("'train.capture' compile needs 'train.loader' "
                           "device (PyG's DataLoader gives every batch a "
                           "shape of its own: one compilation each)")
-    if mode == 'compile' and device.type == 'cuda' and \
-            cfg.backend == 'dfgnn':
-        # H100, session 9 (pattern-gps): 31-35 s per epoch compiled against
-        # 1.65 s captured; the cause is not found yet (benchmarks/NOTES.md)
-        warnings.warn("'train.capture' compile with the dfgnn backend on "
-                      "CUDA measured ~20x slower than 'graphs' (CUDA "
-                      "graphs): use 'train.capture=graphs'", stacklevel=2)
     return mode
 
 
