@@ -138,6 +138,15 @@ __host__ __device__ inline int grad_tile_edges(int De) {
                                               : kEdgeThreads;
 }
 
+// The d M cell thread t sums in its slot k, -1 for none: t % cells with
+// fewer cells than threads (groups of threads share a cell), else t and
+// t + 256.
+__device__ __forceinline__ int grad_cell(int t, int k, int cells) {
+  const int cell =
+      (t % (cells < kEdgeThreads ? cells : kEdgeThreads)) + k * kEdgeThreads;
+  return cell >= cells || (k > 0 && cells < kEdgeThreads) ? -1 : cell;
+}
+
 template <typename T, int MAXH, int VW>
 __device__ __forceinline__ void shared_grad_tiles(
     const Args<T>& a, const float* __restrict__ loop_w,
@@ -222,9 +231,8 @@ __device__ __forceinline__ void shared_grad_tiles(
     if (g < groups) {
 #pragma unroll
       for (int k = 0; k < kSlots; ++k) {
-        const int cell = (t % (cells < kEdgeThreads ? cells : kEdgeThreads)) +
-                         k * kEdgeThreads;
-        if (cell >= cells || (k > 0 && cells < kEdgeThreads)) break;
+        const int cell = grad_cell(t, k, cells);
+        if (cell < 0) break;
         const int h = cell / qs, c0 = (cell - h * qs) * VW;
         for (int e = g; e < te; e += groups) {
           const float wh = s_w[e * H + h];
@@ -241,9 +249,8 @@ __device__ __forceinline__ void shared_grad_tiles(
   if (g < groups) {
 #pragma unroll
     for (int k = 0; k < kSlots; ++k) {
-      const int cell = (t % (cells < kEdgeThreads ? cells : kEdgeThreads)) +
-                       k * kEdgeThreads;
-      if (cell >= cells || (k > 0 && cells < kEdgeThreads)) break;
+      const int cell = grad_cell(t, k, cells);
+      if (cell < 0) break;
 #pragma unroll
       for (int c = 0; c < VW; ++c) s_x[g * HD + cell * VW + c] = acc[k][c];
     }

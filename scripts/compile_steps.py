@@ -23,8 +23,9 @@ from collections import Counter
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(HERE), HERE]
+from profile_step import training_setup  # noqa: E402
 
 
 def snapshot():
@@ -44,12 +45,8 @@ def main():
     p.add_argument('overrides', nargs='*')
     args = p.parse_args()
 
-    from pyg_dfgnn.datasets import build_datasets
     from pyg_dfgnn.train.capture import CompiledStep
-    from pyg_dfgnn.train.config import load_config
-    from pyg_dfgnn.train.model import build_model
-    from pyg_dfgnn.train.runner import (EpochStats, make_loaders,
-                                        make_optimizer, train_step)
+    from pyg_dfgnn.train.runner import train_step
 
     dev = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
     # (CPU: traced with aot_eager, no code generation -- a smoke run)
@@ -61,23 +58,10 @@ def main():
     bundle, report = None, []
     for name in args.variants.split(','):
         backend, _, mode = name.partition('-')
-        cfg = load_config(args.cfg, [f'dataset.size={args.size}',
-                                     'train.num_workers=0',
-                                     f'backend={backend}',
-                                     'train.loader=device',
-                                     'train.capture=compile'] +
-                          args.overrides)
-        if bundle is None:
-            bundle = build_datasets(cfg)
-        torch.manual_seed(0)
-        model = build_model(cfg, bundle.dim_in, bundle.dim_out,
-                            bundle.num_node_types, bundle.dim_edge,
-                            bundle.num_edge_types).to(dev)
-        opt = make_optimizer(cfg, model.parameters(), 'compile')
-        loader, _ = make_loaders(cfg, bundle, dev, model, torch.Generator(),
-                                 True)
-        stats = EpochStats(cfg.metric_best, bundle.dim_out, dev)
-        model.train()
+        cfg, bundle, model, opt, loader, stats, _ = training_setup(
+            args.cfg, args.size, [f'backend={backend}', 'train.loader=device',
+                                  'train.capture=compile'] + args.overrides,
+            bundle, dev)
         run = CompiledStep(lambda b: train_step(model, opt, b, cfg, stats),
                            dev, static=(stats.sums, ), backend=compiler,
                            cuda_graphs=mode != 'nocg')

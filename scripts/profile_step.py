@@ -55,6 +55,33 @@ SYNC_KEYS = ('cudaStreamSynchronize', 'cudaDeviceSynchronize', 'aten::item',
              'aten::_local_scalar_dense', 'aten::nonzero', 'cudaMemcpyAsync')
 
 
+def training_setup(cfg_path: str, size: int, overrides, bundle, dev):
+    """What the runner builds for a training step of ``cfg_path`` with
+    ``overrides`` on ``dev`` (the datasets once: ``bundle`` when given):
+    ``(cfg, bundle, model, optimizer, train loader, stats, capture)``,
+    the model in train mode, seeded as the runner seeds it."""
+    from pyg_dfgnn.datasets import build_datasets
+    from pyg_dfgnn.train.config import load_config
+    from pyg_dfgnn.train.model import build_model
+    from pyg_dfgnn.train.runner import (EpochStats, capture_mode,
+                                        make_loaders, make_optimizer)
+    cfg = load_config(cfg_path, [f'dataset.size={size}',
+                                 'train.num_workers=0'] + list(overrides))
+    if bundle is None:
+        bundle = build_datasets(cfg)
+    torch.manual_seed(0)
+    model = build_model(cfg, bundle.dim_in, bundle.dim_out,
+                        bundle.num_node_types, bundle.dim_edge,
+                        bundle.num_edge_types).to(dev)
+    capture = capture_mode(cfg, dev)
+    opt = make_optimizer(cfg, model.parameters(), capture)
+    loader, _ = make_loaders(cfg, bundle, dev, model, torch.Generator(),
+                             capture != 'none')
+    stats = EpochStats(cfg.metric_best, bundle.dim_out, dev)
+    model.train()
+    return cfg, bundle, model, opt, loader, stats, capture
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument('--cfg', default='configs/pattern-gps.yaml')
@@ -67,33 +94,15 @@ def main():
     args = p.parse_args()
     from torch.profiler import ProfilerActivity, profile
 
-    from pyg_dfgnn.datasets import build_datasets
     from pyg_dfgnn.train.capture import wrap_step
-    from pyg_dfgnn.train.config import load_config
-    from pyg_dfgnn.train.model import build_model
-    from pyg_dfgnn.train.runner import (EpochStats, capture_mode,
-                                        make_loaders, make_optimizer,
-                                        train_step)
+    from pyg_dfgnn.train.runner import train_step
 
     dev = torch.device('cuda')
     rows = []
     bundle = None
     for name in args.variants.split(','):
-        cfg = load_config(args.cfg, [f'dataset.size={args.size}',
-                                     'train.num_workers=0'] +
-                          VARIANTS[name] + args.overrides)
-        if bundle is None:
-            bundle = build_datasets(cfg)
-        torch.manual_seed(0)
-        model = build_model(cfg, bundle.dim_in, bundle.dim_out,
-                            bundle.num_node_types, bundle.dim_edge,
-                            bundle.num_edge_types).to(dev)
-        capture = capture_mode(cfg, dev)
-        opt = make_optimizer(cfg, model.parameters(), capture)
-        loader, _ = make_loaders(cfg, bundle, dev, model, torch.Generator(),
-                                 capture != 'none')
-        stats = EpochStats(cfg.metric_best, bundle.dim_out, dev)
-        model.train()
+        cfg, bundle, model, opt, loader, stats, capture = training_setup(
+            args.cfg, args.size, VARIANTS[name] + args.overrides, bundle, dev)
 
         def step(batch):
             train_step(model, opt, batch, cfg, stats)
