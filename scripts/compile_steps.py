@@ -79,7 +79,7 @@ def main():
                 run(batch)
                 sync()
                 ms = (time.perf_counter() - t0) * 1e3
-                moved = {k: v for k, v in (snapshot() - before).items()}
+                moved = dict(snapshot() - before)
                 new = shape not in shapes
                 shapes.add(shape)
                 steps.append({'step': done, 'ms': ms, 'nodes': shape[0],

@@ -167,8 +167,8 @@ if has profile; then  # ms per step, GPU busy %, host syncs per step
     --variants ${PROFILE_VARIANTS:-dfgnn,pyg-runner} \
     --json "$OUT/profile_step.json" ${PROFILE_ARGS:-}
 fi
-if has compilelog; then  # why a compiled dfgnn step is slow: recompiles,
-  # graph breaks, cudagraph re-records of a few steps
+if has compilelog; then  # each compiled step's time with its recompiles,
+  # graph breaks and cudagraph re-records, with and without CUDA graphs
   stage compilelog ${COMPILELOG_TIMEOUT:-300} env \
     TORCH_LOGS=recompiles,graph_breaks,cudagraphs $PY scripts/compile_steps.py \
     --cfg ${PROFILE_CFG:-configs/pattern-gps.yaml} \

@@ -2,7 +2,8 @@
 float64 reference (GPU only): dots and sums, forward and every gradient, for
 each self-loop fill, shared (edge-parallel kernels) and per-node matrices
 (row kernel), odd sizes (H = 3, D_e = 3), empty rows, a super node, N = 1,
-E = 0, unused input rows; outputs poisoned first. And the convs that use them against PyG on the GPU."""
+E = 0, unused input rows; outputs poisoned first. And the convs that use
+them against PyG on the GPU."""
 import random
 import zlib
 

@@ -83,7 +83,9 @@ def _owned_copy(batch: GraphBatch) -> GraphBatch:
 def _fresh_view(owned: GraphBatch) -> GraphBatch:
     """New batch and graph objects over ``owned``'s tensors: what a step
     caches on them stays with that step, as with a new batch from the
-    loader (a reused object would fail dynamo's guards: a recompilation)."""
+    loader (a reused object would fail dynamo's guards: a recompilation).
+    The graphs' window caches stay shared: device batches bring their
+    windows, so no step builds one."""
     view = copy.copy(owned)
     for key, value in owned.__dict__.items():
         if isinstance(value, DFGraph):
