@@ -34,6 +34,7 @@
 
 #include "dispatch.cuh"
 #include "edge_attr_common.cuh"
+#include "edge_attr_groups.cuh"
 #include "edge_attr_shared.cuh"
 
 namespace pyg_dfgnn {
@@ -363,10 +364,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> edge_attr_rows_cuda(
           run_shared_mat<scalar_t>(a, fr, out_sums, stream);
           return;
         }
-        with_max_heads(H, [&](auto max_h) {
-          edge_rows::edge_rows_kernel<scalar_t, decltype(max_h)::value>
-              <<<blocks, edge_rows::kThreads, 0, stream>>>(a);
-        });
+        // per-row M: lane groups per edge where the rows come in vectors,
+        // H <= 8 and dots and sums are not asked together
+        const int group = edge_rows::edge_group_lanes((int)De);
+        if (a.vec && group > 0 && H <= 8 && !(dots && sums)) {
+          auto launch = [&](auto max_h) {
+            constexpr int MAXH = decltype(max_h)::value;
+            if (sums)
+              edge_rows::edge_groups_kernel<scalar_t, MAXH, true>
+                  <<<blocks, edge_rows::kThreads, 0, stream>>>(a, group);
+            else
+              edge_rows::edge_groups_kernel<scalar_t, MAXH, false>
+                  <<<blocks, edge_rows::kThreads, 0, stream>>>(a, group);
+          };
+          if (H <= 4)
+            launch(std::integral_constant<int, 4>{});
+          else
+            launch(std::integral_constant<int, 8>{});
+        } else {
+          with_max_heads(H, [&](auto max_h) {
+            edge_rows::edge_rows_kernel<scalar_t, decltype(max_h)::value>
+                <<<blocks, edge_rows::kThreads, 0, stream>>>(a);
+          });
+        }
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       });
   return {out_dots, out_sums, out_scatter};

@@ -52,14 +52,32 @@ CASES = [(fill, kind, dtype)
 @pytest.mark.parametrize('shared', [False, True])  # edge / row kernels
 @pytest.mark.parametrize('fill,kind,dtype', CASES)
 def test_dots_and_sums_match_reference(fill, kind, dtype, shared):
+    seed = zlib.crc32(f'{fill}{kind}{dtype}'.encode())
+    heads, dim = random.Random(seed + 1).choice([(1, 16), (3, 3), (8, 16),
+                                                 (16, 32), (4, 5)])
+    check_dots_and_sums(fill, kind, dtype, shared, heads, dim, seed)
+
+
+# Per-node matrices in the lane-group kernel (rows in vectors, H <= 8):
+# every group width (D_e 4 .. 128: 1 .. 32 lanes per edge), a width with
+# idle lanes (D_e 12, 36), H = 3; H = 16 stays on the row kernel.
+@pytest.mark.parametrize('heads,dim', [(1, 4), (2, 8), (3, 12), (4, 16),
+                                       (8, 16), (5, 36), (4, 128), (8, 64),
+                                       (16, 8)])
+@pytest.mark.parametrize('fill', ['none', 'mean', 'const'])
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
+def test_group_kernel_matches_reference(heads, dim, fill, dtype):
+    seed = zlib.crc32(f'group{heads}{dim}{fill}{dtype}'.encode())
+    check_dots_and_sums(fill, 'super', dtype, False, heads, dim, seed)
+
+
+def check_dots_and_sums(fill, kind, dtype, shared, heads, dim, seed):
     _kernels()
     clear_graph_cache()
-    seed = zlib.crc32(f'{fill}{kind}{dtype}'.encode())
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
     ei, n = make_graph(kind, rng)
     ei = ei.cuda()
-    heads, dim = rng.choice([(1, 16), (3, 3), (8, 16), (16, 32), (4, 5)])
     loops = None if fill == 'none' else n
     fill_value = {'none': None, 'mean': 'mean', 'add': 'add',
                   'const': 0.5}[fill]

@@ -1,0 +1,171 @@
+// Raw edge attributes with a matrix M_i per row (TransformerConv's edge
+// terms, M_i = scale Theta_e^T q_i) and x rows in vectors: a warp per row
+// whose lanes form groups of G, one CSR edge per group, each lane kVW
+// columns of the edge's x row (so a group reads the row as one contiguous
+// range, 32 / G edges per warp step). The lanes-over-edges row kernel
+// (edge_rows_kernel) read whole x rows per lane and its sums put lanes over
+// the H * De outputs with scalar loads; it stays for H > 8 and rows that do
+// not come in vectors.
+//   dots     per-lane partial products, summed over the group by shuffles
+//   sums     per-lane [H][kVW] accumulators, summed over the warp's groups
+//            once at the end of the row
+//   scatter  a lane's kVW columns of sum_h w'_h M_ih, one vector store
+// Self-loops as in the row kernel: the loop's dot is the mean / sum of the
+// others' (or <M_i, fill_row>), its weight is handed to the others.
+#pragma once
+
+#include "edge_attr_common.cuh"
+
+namespace pyg_dfgnn {
+namespace edge_rows {
+
+// The group width for De columns: the fewest lanes that cover the row in
+// vectors of kVW, a power of two (0: the rows are too wide for one warp).
+__host__ __device__ __forceinline__ int edge_group_lanes(int De) {
+  int g = 1;
+  while (g * kVW < De) g <<= 1;
+  return g <= kWarpSize ? g : 0;
+}
+
+// SUMS: sums (and maybe scatter), no dots; else dots and / or scatter --
+// the [MAXH][kVW] accumulators and the dots' registers are never live
+// together (the host takes dots with sums to the row kernel).
+template <typename T, int MAXH, bool SUMS>
+__global__ void __launch_bounds__(kThreads, SUMS && MAXH > 4 ? 3 : 4)
+    edge_groups_kernel(Args<T> a, int G) {
+  static_assert(kVW == 4, "the group kernel reads M in float4");
+  const bool dots = !SUMS && a.dots != nullptr;
+  __shared__ __align__(16) float s_m[kWarps][kEdgeRowsMaxHD];
+  __shared__ float s_wl[kWarps][kEdgeRowsMaxHeads];
+  __shared__ float s_fill[kEdgeRowsMaxHD];
+  const int H = a.H, De = a.De;
+  if (a.fill == 3)
+    for (int i = threadIdx.x; i < De; i += kThreads)
+      s_fill[i] = to_float(a.fill_row[i]);
+  __syncthreads();
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int64_t row = (int64_t)blockIdx.x * kWarps + warp;
+  if (row >= a.n_rows) return;
+  float* m = s_m[warp];
+  float* wl = s_wl[warp];
+  if (a.m != nullptr)
+    for (int i = lane; i < H * De; i += kWarpSize)
+      m[i] = to_float(a.m[row * a.m_stride + i]);
+  const int64_t lo = a.rowptr[row], hi = a.rowptr[row + 1];
+  const int64_t loop_p = row_loop(a, lo, hi, lane);
+  const int64_t count = hi - lo - (loop_p >= 0 ? 1 : 0);
+  const float share = loop_share(a.fill, count);
+  const bool handed = loop_p >= 0 && (a.fill == 1 || a.fill == 2);
+  if (a.w != nullptr && lane < H)
+    wl[lane] = handed ? to_float(a.w[loop_p * H + lane]) * share : 0.f;
+  __syncwarp();
+
+  const int slots = kWarpSize / G, slot = lane / G;
+  const int col = (lane % G) * kVW;  // this lane's first column
+  const bool has_col = col < De;
+  float dsum[MAXH];  // the row's dots (for its loop), on the group's lane 0
+  float acc[SUMS ? MAXH : 1][kVW];
+#pragma unroll
+  for (int h = 0; h < MAXH; ++h) dsum[h] = 0.f;
+#pragma unroll
+  for (int h = 0; h < (SUMS ? MAXH : 1); ++h)
+#pragma unroll
+    for (int i = 0; i < kVW; ++i) acc[h][i] = 0.f;
+
+  for (int64_t b = lo; b < hi; b += slots) {  // (warp-uniform)
+    const int64_t p = b + slot;
+    int64_t r = a.n_in;  // past the row: like the loop, nothing to do
+    if (p < hi) r = a.index != nullptr ? a.index[p] : p;
+    const bool live = r < a.n_in;  // (group-uniform)
+    float xv[kVW];
+#pragma unroll
+    for (int i = 0; i < kVW; ++i) xv[i] = 0.f;
+    if (live && has_col) load_vec<T, kVW>(a.x + r * De + col, xv);
+    if (dots) {
+      float part[MAXH];
+#pragma unroll
+      for (int h = 0; h < MAXH; ++h) {
+        part[h] = 0.f;
+        if (h < H && has_col) {
+          const float4 mv = *reinterpret_cast<const float4*>(m + h * De + col);
+          part[h] = fmaf(mv.x, xv[0], fmaf(mv.y, xv[1],
+                    fmaf(mv.z, xv[2], mv.w * xv[3])));
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < MAXH; ++h) {
+        if (h >= H) break;  // (warp-uniform)
+        for (int o = G / 2; o > 0; o >>= 1)
+          part[h] += __shfl_xor_sync(kFullMask, part[h], o);
+        if (live && lane % G == h % G) a.dots[p * H + h] = from_float<T>(part[h]);
+        if (live && lane % G == 0) dsum[h] += part[h];
+      }
+    }
+    if (SUMS || a.scatter != nullptr) {
+      float wv[MAXH];
+#pragma unroll
+      for (int h = 0; h < MAXH; ++h)
+        wv[h] = live && h < H ? to_float(a.w[p * H + h]) + wl[h] : 0.f;
+      if constexpr (SUMS) {
+#pragma unroll
+        for (int h = 0; h < MAXH; ++h)
+#pragma unroll
+          for (int i = 0; i < kVW; ++i) acc[h][i] = fmaf(wv[h], xv[i], acc[h][i]);
+      }
+      if (a.scatter != nullptr && live && has_col) {
+        float g[kVW] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int h = 0; h < MAXH; ++h)
+          if (h < H) {
+            const float4 mv =
+                *reinterpret_cast<const float4*>(m + h * De + col);
+            g[0] = fmaf(wv[h], mv.x, g[0]);
+            g[1] = fmaf(wv[h], mv.y, g[1]);
+            g[2] = fmaf(wv[h], mv.z, g[2]);
+            g[3] = fmaf(wv[h], mv.w, g[3]);
+          }
+        store_vec<T, kVW>(a.scatter + r * De + col, g);
+      }
+    }
+  }
+
+  if (dots && loop_p >= 0) {
+    if (a.fill == 3) {
+      for (int h = lane; h < H; h += kWarpSize) {
+        float s = 0.f;
+        for (int d = 0; d < De; ++d) s = fmaf(m[h * De + d], s_fill[d], s);
+        a.dots[loop_p * H + h] = from_float<T>(s);
+      }
+    } else {
+#pragma unroll
+      for (int h = 0; h < MAXH; ++h) {
+        if (h >= H) break;  // (warp-uniform)
+        const float s = warp_sum(dsum[h]);
+        if (lane == 0) a.dots[loop_p * H + h] = from_float<T>(s * share);
+      }
+    }
+  }
+
+  if constexpr (SUMS) {
+    if (a.sums == nullptr) return;
+#pragma unroll
+    for (int h = 0; h < MAXH; ++h) {
+      if (h >= H) break;  // (warp-uniform)
+#pragma unroll
+      for (int i = 0; i < kVW; ++i)
+        for (int o = G; o < kWarpSize; o <<= 1)
+          acc[h][i] += __shfl_xor_sync(kFullMask, acc[h][i], o);
+      if (slot != 0 || !has_col) continue;
+      if (a.fill == 3 && loop_p >= 0) {
+        const float wloop = to_float(a.w[loop_p * H + h]);
+#pragma unroll
+        for (int i = 0; i < kVW; ++i)
+          acc[h][i] = fmaf(wloop, s_fill[col + i], acc[h][i]);
+      }
+      store_vec<float, kVW>(a.sums + row * H * De + h * De + col, acc[h]);
+    }
+  }
+}
+
+}  // namespace edge_rows
+}  // namespace pyg_dfgnn
