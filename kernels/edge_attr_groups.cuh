@@ -97,7 +97,8 @@ __global__ void __launch_bounds__(kThreads, SUMS && MAXH > 4 ? 3 : 4)
         if (h >= H) break;  // (warp-uniform)
         for (int o = G / 2; o > 0; o >>= 1)
           part[h] += __shfl_xor_sync(kFullMask, part[h], o);
-        if (live && lane % G == h % G) a.dots[p * H + h] = from_float<T>(part[h]);
+        if (live && lane % G == h % G)
+          a.dots[p * H + h] = from_float<T>(part[h]);
         if (live && lane % G == 0) dsum[h] += part[h];
       }
     }
@@ -110,7 +111,8 @@ __global__ void __launch_bounds__(kThreads, SUMS && MAXH > 4 ? 3 : 4)
 #pragma unroll
         for (int h = 0; h < MAXH; ++h)
 #pragma unroll
-          for (int i = 0; i < kVW; ++i) acc[h][i] = fmaf(wv[h], xv[i], acc[h][i]);
+          for (int i = 0; i < kVW; ++i)
+            acc[h][i] = fmaf(wv[h], xv[i], acc[h][i]);
       }
       if (a.scatter != nullptr && live && has_col) {
         float g[kVW] = {0.f, 0.f, 0.f, 0.f};

@@ -45,9 +45,13 @@ EDGE_ATTR = [  # raw edge attribute kernels: fill, graph, dtype, shared M
     ('const', 'random', torch.bfloat16, False),
     ('none', 'one', torch.float32, True), ('add', 'empty', torch.float16, True),
     ('add', 'random', torch.float32, True)]
-GROUPS = [  # per-node M in the lane-group kernel: heads, D_e, fill, dtype
-    (4, 16, 'mean', torch.float32), (3, 12, 'const', torch.bfloat16),
-    (8, 64, 'none', torch.float32)]
+VECTOR_ROWS = [  # heads, D_e, fill, dtype, shared M: the lane-group
+    # kernel (per-node M) and the edge-parallel ones (shared M)
+    (4, 16, 'mean', torch.float32, False),
+    (3, 12, 'const', torch.bfloat16, False),
+    (8, 64, 'none', torch.float32, False),
+    (8, 16, 'mean', torch.float32, True),
+    (4, 128, 'const', torch.bfloat16, True)]
 DROPOUT = [('add', 'smmf', torch.float32), ('dot', 'pmf', torch.bfloat16),
            ('gatv2', 'smmf', torch.float32)]
 
@@ -60,8 +64,9 @@ def main() -> int:
              'dropout ' + ' '.join(map(str, c))) for c in DROPOUT] + [
                  (te.test_dots_and_sums_match_reference, c,
                   'edge_attr ' + ' '.join(map(str, c))) for c in EDGE_ATTR] + [
-                 (te.test_group_kernel_matches_reference, c,
-                  'edge_attr groups ' + ' '.join(map(str, c))) for c in GROUPS]
+                 (te.test_vector_rows_match_reference, c,
+                  'edge_attr vector rows ' + ' '.join(map(str, c)))
+                 for c in VECTOR_ROWS]
     for fn, args, name in runs:
         try:
             fn(*args)

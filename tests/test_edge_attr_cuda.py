@@ -58,17 +58,19 @@ def test_dots_and_sums_match_reference(fill, kind, dtype, shared):
     check_dots_and_sums(fill, kind, dtype, shared, heads, dim, seed)
 
 
-# Per-node matrices in the lane-group kernel (rows in vectors, H <= 8):
-# every group width (D_e 4 .. 128: 1 .. 32 lanes per edge), a width with
-# idle lanes (D_e 12, 36), H = 3; H = 16 stays on the row kernel.
+# Rows in vectors, every width: per-node matrices in the lane-group kernel
+# (H <= 8; D_e 4 .. 128: 1 .. 32 lanes per edge, idle lanes at D_e 12, 36;
+# H = 16 stays on the row kernel), a shared one in the edge-parallel
+# kernels (D_e 4 .. 128: 1 .. 32 column vectors per tile row).
 @pytest.mark.parametrize('heads,dim', [(1, 4), (2, 8), (3, 12), (4, 16),
                                        (8, 16), (5, 36), (4, 128), (8, 64),
                                        (16, 8)])
 @pytest.mark.parametrize('fill', ['none', 'mean', 'const'])
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
-def test_group_kernel_matches_reference(heads, dim, fill, dtype):
-    seed = zlib.crc32(f'group{heads}{dim}{fill}{dtype}'.encode())
-    check_dots_and_sums(fill, 'super', dtype, False, heads, dim, seed)
+@pytest.mark.parametrize('shared', [False, True])
+def test_vector_rows_match_reference(heads, dim, fill, dtype, shared):
+    seed = zlib.crc32(f'group{heads}{dim}{fill}{dtype}{shared}'.encode())
+    check_dots_and_sums(fill, 'super', dtype, shared, heads, dim, seed)
 
 
 def check_dots_and_sums(fill, kind, dtype, shared, heads, dim, seed):
