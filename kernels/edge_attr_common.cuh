@@ -109,5 +109,59 @@ __device__ __forceinline__ int64_t row_loop(const Args<T>& a, int64_t lo,
   return warp_max_i64(loop_p);
 }
 
+// The start of row `row` in the row kernels (one warp): M_i into the
+// warp's shared m (when given), the row's loop entry, the share of the
+// loop each other edge takes, and the loop weight handed to them (wl).
+struct RowStart {
+  int64_t lo, hi, loop_p;
+  float share;
+};
+template <typename T>
+__device__ __forceinline__ RowStart begin_row(const Args<T>& a, int64_t row,
+                                              int lane, float* m,
+                                              float* wl) {
+  const int H = a.H;
+  if (a.m != nullptr)
+    for (int i = lane; i < H * a.De; i += kWarpSize)
+      m[i] = to_float(a.m[row * a.m_stride + i]);
+  RowStart rs;
+  rs.lo = a.rowptr[row], rs.hi = a.rowptr[row + 1];
+  rs.loop_p = row_loop(a, rs.lo, rs.hi, lane);
+  const int64_t count = rs.hi - rs.lo - (rs.loop_p >= 0 ? 1 : 0);
+  // fill 1: the loop's x is the mean of `count` rows; fill 2: their sum
+  rs.share = loop_share(a.fill, count);
+  const bool handed = rs.loop_p >= 0 && (a.fill == 1 || a.fill == 2);
+  if (a.w != nullptr && lane < H)
+    wl[lane] = handed ? to_float(a.w[rs.loop_p * H + lane]) * rs.share : 0.f;
+  __syncwarp();
+  return rs;
+}
+
+// The row's loop dot, after its other edges: <M_i, fill_row> (fill 3), or
+// the others' sum (per-lane partials in dsum) times the share.
+template <typename T, int MAXH>
+__device__ __forceinline__ void write_loop_dots(const Args<T>& a,
+                                                const float* m,
+                                                const float* s_fill,
+                                                const RowStart& rs,
+                                                const float (&dsum)[MAXH],
+                                                int lane) {
+  const int H = a.H, De = a.De;
+  if (a.fill == 3) {
+    for (int h = lane; h < H; h += kWarpSize) {
+      float s = 0.f;
+      for (int d = 0; d < De; ++d) s = fmaf(m[h * De + d], s_fill[d], s);
+      a.dots[rs.loop_p * H + h] = from_float<T>(s);
+    }
+  } else {
+#pragma unroll
+    for (int h = 0; h < MAXH; ++h) {
+      if (h >= H) break;  // (warp-uniform)
+      const float s = warp_sum(dsum[h]);
+      if (lane == 0) a.dots[rs.loop_p * H + h] = from_float<T>(s * rs.share);
+    }
+  }
+}
+
 }  // namespace edge_rows
 }  // namespace pyg_dfgnn

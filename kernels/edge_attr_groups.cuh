@@ -48,17 +48,8 @@ __global__ void __launch_bounds__(kThreads, SUMS && MAXH > 4 ? 3 : 4)
   if (row >= a.n_rows) return;
   float* m = s_m[warp];
   float* wl = s_wl[warp];
-  if (a.m != nullptr)
-    for (int i = lane; i < H * De; i += kWarpSize)
-      m[i] = to_float(a.m[row * a.m_stride + i]);
-  const int64_t lo = a.rowptr[row], hi = a.rowptr[row + 1];
-  const int64_t loop_p = row_loop(a, lo, hi, lane);
-  const int64_t count = hi - lo - (loop_p >= 0 ? 1 : 0);
-  const float share = loop_share(a.fill, count);
-  const bool handed = loop_p >= 0 && (a.fill == 1 || a.fill == 2);
-  if (a.w != nullptr && lane < H)
-    wl[lane] = handed ? to_float(a.w[loop_p * H + lane]) * share : 0.f;
-  __syncwarp();
+  const RowStart rs = begin_row(a, row, lane, m, wl);
+  const int64_t lo = rs.lo, hi = rs.hi, loop_p = rs.loop_p;
 
   const int slots = kWarpSize / G, slot = lane / G;
   const int col = (lane % G) * kVW;  // this lane's first column
@@ -131,22 +122,7 @@ __global__ void __launch_bounds__(kThreads, SUMS && MAXH > 4 ? 3 : 4)
     }
   }
 
-  if (dots && loop_p >= 0) {
-    if (a.fill == 3) {
-      for (int h = lane; h < H; h += kWarpSize) {
-        float s = 0.f;
-        for (int d = 0; d < De; ++d) s = fmaf(m[h * De + d], s_fill[d], s);
-        a.dots[loop_p * H + h] = from_float<T>(s);
-      }
-    } else {
-#pragma unroll
-      for (int h = 0; h < MAXH; ++h) {
-        if (h >= H) break;  // (warp-uniform)
-        const float s = warp_sum(dsum[h]);
-        if (lane == 0) a.dots[loop_p * H + h] = from_float<T>(s * share);
-      }
-    }
-  }
+  if (dots && loop_p >= 0) write_loop_dots(a, m, s_fill, rs, dsum, lane);
 
   if constexpr (SUMS) {
     if (a.sums == nullptr) return;
