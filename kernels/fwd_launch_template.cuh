@@ -10,6 +10,7 @@
 #include "fwd_alpha_kernel.cuh"
 #include "fwd_common.cuh"
 #include "fwd_pmf_kernel.cuh"
+#include "fwd_rows_kernel.cuh"
 #include "fwd_smmf_kernel.cuh"
 #include "fwd_tc_kernel.cuh"
 
@@ -103,12 +104,47 @@ void run_alpha(const Launch& L, const at::Tensor& scores) {
   });
 }
 
-// SMMF (int32 col only: the host routes int64-indexed graphs to PMF).
+// Whether SMMF's rows go to the short-row kernel (fwd_rows_kernel.cuh):
+// no training features, 'dot' with D = F (a head's lanes a power of two)
+// or 'add', vector rows, one vector per lane, short rows known.
+inline bool short_rows(const Launch& L, int vw) {
+  if (L.features() || !L.vec || L.kind == kGatv2 || L.F % vw != 0 ||
+      L.H * L.F > (int64_t)kWarpSize * vw)
+    return false;
+  const int64_t lanes = L.F / vw;
+  if (L.kind == kDot && (L.D != L.F || (lanes & (lanes - 1)) != 0))
+    return false;
+  return L.max_in_degree >= 0 && L.max_in_degree <= kRowsMaxDegree &&
+         L.n_edges <= kRowsMaxMeanDegree * L.n_dst;
+}
+
+template <typename scalar_t>
+void run_rows(const Launch& L) {
+  constexpr int VW = Vec<scalar_t>::kWidth;
+  const int64_t blocks = (L.n_dst + kWarps - 1) / kWarps;
+  if (blocks <= 0) return;
+  auto a = make_args<scalar_t, int32_t, true>(L);
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  PYG_DFGNN_DISPATCH_KIND(L.kind, [&] {
+    if constexpr (KIND != kGatv2) {
+      rows_fwd_kernel<scalar_t, int32_t, KIND, VW>
+          <<<(unsigned)blocks, kThreads, 0, stream>>>(a);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+  });
+}
+
+// SMMF (int32 col only: the host routes int64-indexed graphs to PMF); short
+// rows take run_rows.
 template <typename scalar_t>
 void run_smmf(const Launch& L) {
   using index_t = int32_t;
   TORCH_CHECK(L.col.scalar_type() == at::kInt,
               "fused_attention_fwd: SMMF needs int32 'col'");
+  if (short_rows(L, Vec<scalar_t>::kWidth)) {
+    run_rows<scalar_t>(L);
+    return;
+  }
   const bool windowed = L.windows.defined();
   const int warps = windowed ? kSmmfStagedWarps : kSmmfPlainWarps;
   const int64_t span = windowed ? L.stage_span : 0;

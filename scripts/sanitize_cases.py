@@ -4,7 +4,7 @@
     compute-sanitizer --tool racecheck python scripts/sanitize_cases.py
 
 Every score kind x strategy (SMMF, PMF with multi-segment rows; tensor-core
-windows for 'dot'), the 16-byte
+windows for 'dot'; SMMF's short-row kernel), the 16-byte
 (F = 32) and scalar (F = 17) paths, fp32 and bf16, int32 and int64 indices,
 empty rows and a super node. Build the kernels once beforehand (outside the
 sanitizer). Exits non-zero if an output is off.
@@ -36,6 +36,9 @@ CASES = [
     ('add', torch.bfloat16, 'smmf', 'batch', 4, 1, 32, None),
     ('gatv2', torch.float32, 'smmf', 'batch', 3, 17, 17, None),
     ('dot', torch.float16, 'smmf', 'batch', 1, 128, 128, None),
+    # short rows (fwd_rows_kernel.cuh: a warp per row; 'empty' above too)
+    ('dot', torch.float32, 'smmf', 'tiny', 1, 128, 128, None),
+    ('add', torch.bfloat16, 'smmf', 'tiny', 3, 1, 8, None),
     # tensor-core windows (mma fragments, count matrix in shared memory)
     ('dot', torch.bfloat16, 'tc', 'batch', 3, 32, 32, None),
     ('dot', torch.float16, 'tc', 'batch', 1, 128, 128, None),

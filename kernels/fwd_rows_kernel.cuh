@@ -1,0 +1,93 @@
+// Short rows (molecule-sized batches, graphs of low in-degree): a warp per
+// row, each lane one VW-vector of the row's H * F features, an online
+// softmax per head in registers, two edges in flight; no shared memory, no
+// block phases. SMMF's block of 8 warps spent its time in the machinery
+// around 32-edge chunks (row counter, staged query, per-head softmax
+// reductions) when a row has ~2 edges (zinc-like under ncu: 33% of DRAM
+// bandwidth, 1.2 eligible warps per scheduler). Plain path only (no
+// training features), 'dot' (D = F) and 'add'; the host takes it where
+// rows are short (kRowsMaxMeanDegree, kRowsMaxDegree) and one vector per
+// lane covers H * F. Same lse / out conventions as SMMF.
+#pragma once
+
+#include "fwd_common.cuh"
+
+namespace pyg_dfgnn {
+namespace fwd {
+
+constexpr int kRowsMaxMeanDegree = 4;  // E / N_dst at most
+constexpr int kRowsMaxDegree = 64;     // longest row (a warp walks it alone)
+
+template <typename T, typename I, int KIND, int VW>
+__global__ void __launch_bounds__(kThreads) rows_fwd_kernel(FwdArgs<T, I> a) {
+  static_assert(KIND == kDot || KIND == kAdd, "rows: 'dot' or 'add'");
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t row = (int64_t)blockIdx.x * kWarps + threadIdx.x / kWarpSize;
+  if (row >= a.n_dst) return;
+  const int H = a.H, F = a.F, HF = H * F;
+  const int c0 = lane * VW;  // this lane's features [c0, c0 + VW)
+  const bool on = c0 < HF;
+  const int h = on ? c0 / F : 0;
+  const int G = F / VW;  // lanes of one head ('dot': a power of two <= 32)
+  float q[VW], qh = 0.f;
+#pragma unroll
+  for (int i = 0; i < VW; ++i) q[i] = 0.f;
+  if constexpr (KIND == kDot) {
+    if (on) load_vec<T, VW>(a.q + row * HF + c0, q);
+  } else {
+    qh = on ? to_float(a.q[row * H + h]) : 0.f;
+  }
+  // the score of source j for this lane's head (all lanes of a head agree)
+  auto score = [&](int64_t j, const float (&k)[VW]) -> float {
+    if constexpr (KIND == kDot) {
+      float s = 0.f;
+#pragma unroll
+      for (int i = 0; i < VW; ++i) s = fmaf(q[i], k[i], s);
+      for (int o = G / 2; o > 0; o >>= 1)
+        s += __shfl_xor_sync(kFullMask, s, o);
+      return s * a.scale;
+    } else {
+      return leaky_relu(qh + to_float(a.k[j * H + h]), a.slope);
+    }
+  };
+  const int64_t elo = a.rowptr[row], ehi = a.rowptr[row + 1];
+  float m = -INFINITY, l = 0.f, acc[VW];
+#pragma unroll
+  for (int i = 0; i < VW; ++i) acc[i] = 0.f;
+  for (int64_t e = elo; e < ehi; e += 2) {  // (warp-uniform)
+    const bool two = e + 1 < ehi;
+    const int64_t j0 = (int64_t)a.col[e];
+    const int64_t j1 = two ? (int64_t)a.col[e + 1] : j0;
+    float k0[VW], k1[VW], v0[VW], v1[VW];
+#pragma unroll
+    for (int i = 0; i < VW; ++i) k0[i] = k1[i] = v0[i] = v1[i] = 0.f;
+    if (on) {
+      if constexpr (KIND == kDot) {
+        load_vec<T, VW>(a.k + j0 * HF + c0, k0);
+        load_vec<T, VW>(a.k + j1 * HF + c0, k1);
+      }
+      load_vec<T, VW>(a.v + j0 * HF + c0, v0);
+      load_vec<T, VW>(a.v + j1 * HF + c0, v1);
+    }
+    const float s0 = score(j0, k0);
+    const float s1 = two ? score(j1, k1) : -INFINITY;
+    const float m_new = fmaxf(m, fmaxf(s0, s1));
+    const float corr = expf(m - m_new);  // 0 on the first edge
+    const float p0 = expf(s0 - m_new), p1 = two ? expf(s1 - m_new) : 0.f;
+    l = fmaf(l, corr, p0 + p1);
+#pragma unroll
+    for (int i = 0; i < VW; ++i)
+      acc[i] = fmaf(p1, v1[i], fmaf(p0, v0[i], acc[i] * corr));
+    m = m_new;
+  }
+  if (!on) return;
+  const float inv = 1.f / (l + 1e-16f);
+#pragma unroll
+  for (int i = 0; i < VW; ++i) acc[i] *= inv;
+  store_vec<T, VW>(a.out + row * HF + c0, acc);
+  if (c0 % F == 0)  // the head's first lane
+    a.lse[row * H + h] = ehi > elo ? m + logf(l + 1e-16f) : -INFINITY;
+}
+
+}  // namespace fwd
+}  // namespace pyg_dfgnn
