@@ -121,14 +121,16 @@ inline bool short_rows(const Launch& L, int vw) {
 template <typename scalar_t>
 void run_rows(const Launch& L) {
   constexpr int VW = Vec<scalar_t>::kWidth;
-  const int64_t blocks = (L.n_dst + kWarps - 1) / kWarps;
+  const int lanes = rows_lanes(L.H * L.F, VW);
+  const int64_t rows = (int64_t)kWarps * (kWarpSize / lanes);  // per block
+  const int64_t blocks = (L.n_dst + rows - 1) / rows;
   if (blocks <= 0) return;
   auto a = make_args<scalar_t, int32_t, true>(L);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   PYG_DFGNN_DISPATCH_KIND(L.kind, [&] {
     if constexpr (KIND != kGatv2) {
       rows_fwd_kernel<scalar_t, int32_t, KIND, VW>
-          <<<(unsigned)blocks, kThreads, 0, stream>>>(a);
+          <<<(unsigned)blocks, kThreads, 0, stream>>>(a, lanes);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
   });
