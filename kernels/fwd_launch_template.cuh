@@ -6,6 +6,8 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <cstdlib>
+
 #include "dispatch.cuh"
 #include "fwd_alpha_kernel.cuh"
 #include "fwd_common.cuh"
@@ -107,15 +109,22 @@ void run_alpha(const Launch& L, const at::Tensor& scores) {
 // Whether SMMF's rows go to the short-row kernel (fwd_rows_kernel.cuh):
 // no training features, 'dot' with D = F (a head's lanes a power of two)
 // or 'add', vector rows, one vector per lane, short rows known.
+// PYG_DFGNN_SHORT_ROWS: 0 keeps SMMF, 1 takes the short-row kernel
+// wherever its shapes allow (benchmarks compare the two, tests reach it
+// on small graphs); unset: the measured rule.
 inline bool short_rows(const Launch& L, int vw) {
-  if (L.features() || !L.vec || L.kind == kGatv2 || L.F % vw != 0 ||
-      L.H * L.F > (int64_t)kWarpSize * vw)
+  const char* env = std::getenv("PYG_DFGNN_SHORT_ROWS");
+  const char mode = env != nullptr ? env[0] : 'a';
+  if (mode == '0' || L.features() || !L.vec || L.kind == kGatv2 ||
+      L.F % vw != 0 || L.H * L.F > (int64_t)kWarpSize * vw)
     return false;
   const int64_t lanes = L.F / vw;
   if (L.kind == kDot && (L.D != L.F || (lanes & (lanes - 1)) != 0))
     return false;
+  if (mode == '1') return true;
   return L.max_in_degree >= 0 && L.max_in_degree <= kRowsMaxDegree &&
-         L.n_edges <= kRowsMaxMeanDegree * L.n_dst;
+         L.n_edges <= kRowsMaxMeanDegree * L.n_dst &&
+         L.n_dst >= kRowsMinRows;
 }
 
 template <typename scalar_t>

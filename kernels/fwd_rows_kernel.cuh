@@ -6,9 +6,9 @@
 // chunks (row counter, staged query, per-head softmax reductions) when a
 // row has ~2 edges (zinc-like under ncu: 33% of DRAM bandwidth, 1.2
 // eligible warps per scheduler). Plain path only (no training features),
-// 'dot' (D = F) and 'add'; the host takes it where rows are short
-// (kRowsMaxMeanDegree, kRowsMaxDegree) and one vector per lane covers
-// H * F. Same lse / out conventions as SMMF.
+// 'dot' (D = F) and 'add'; the host takes it where rows are short and
+// many (below) and one vector per lane covers H * F. Same lse / out
+// conventions as SMMF.
 #pragma once
 
 #include "fwd_common.cuh"
@@ -16,8 +16,14 @@
 namespace pyg_dfgnn {
 namespace fwd {
 
-constexpr int kRowsMaxMeanDegree = 4;  // E / N_dst at most
-constexpr int kRowsMaxDegree = 64;     // longest row (a warp walks it alone)
+// Where the host takes it (session 13, H100, against SMMF in one run):
+// faster on zinc-like (mean in-degree 2), arxiv-like (6.9, longest 21)
+// and mnist-like (7.6) at 1x128 and 4x32, fp32 and bf16; slower on the
+// small cora- / pubmed-like 1x128 (2.7K / 19.7K rows: a row's edges one
+// step after another leave too few warps to hide the latency).
+constexpr int kRowsMaxMeanDegree = 8;    // E / N_dst at most
+constexpr int kRowsMaxDegree = 64;       // longest row (a warp walks it)
+constexpr int64_t kRowsMinRows = 32768;  // rows at least
 
 // Lanes of one row: the fewest (a power of two) that hold its H * F
 // features in vectors of VW; a warp takes 32 / lanes rows.

@@ -4,12 +4,13 @@
     compute-sanitizer --tool racecheck python scripts/sanitize_cases.py
 
 Every score kind x strategy (SMMF, PMF with multi-segment rows; tensor-core
-windows for 'dot'; SMMF's short-row kernel), the 16-byte
+windows for 'dot'; SMMF's short-row kernel, forced), the 16-byte
 (F = 32) and scalar (F = 17) paths, fp32 and bf16, int32 and int64 indices,
 empty rows and a super node. Build the kernels once beforehand (outside the
 sanitizer). Exits non-zero if an output is off.
 """
 import importlib.util
+import os
 import random
 import sys
 from pathlib import Path
@@ -36,13 +37,18 @@ CASES = [
     ('add', torch.bfloat16, 'smmf', 'batch', 4, 1, 32, None),
     ('gatv2', torch.float32, 'smmf', 'batch', 3, 17, 17, None),
     ('dot', torch.float16, 'smmf', 'batch', 1, 128, 128, None),
-    # short rows (fwd_rows_kernel.cuh: a warp per row; 'empty' above too)
-    ('dot', torch.float32, 'smmf', 'tiny', 1, 128, 128, None),
-    ('add', torch.bfloat16, 'smmf', 'tiny', 3, 1, 8, None),
     # tensor-core windows (mma fragments, count matrix in shared memory)
     ('dot', torch.bfloat16, 'tc', 'batch', 3, 32, 32, None),
     ('dot', torch.float16, 'tc', 'batch', 1, 128, 128, None),
     ('dot', torch.float32, 'tc', 'batch', 2, 64, 64, None),
+]
+
+# SMMF's short-row kernel (fwd_rows_kernel.cuh), forced on small graphs
+SHORT_ROWS = [
+    ('dot', torch.float32, 'smmf', 'tiny', 1, 128, 128, None),
+    ('add', torch.bfloat16, 'smmf', 'tiny', 3, 1, 8, None),
+    ('dot', torch.bfloat16, 'smmf', 'isolated', 1, 128, 128, None),
+    ('dot', torch.float32, 'smmf', 'empty', 2, 8, 8, None),
 ]
 
 
@@ -51,7 +57,9 @@ def main() -> int:
     assert cuda.available(), 'CUDA kernels unavailable'
     failed = 0
     for i, (kind, dtype, strategy, graph, heads, d, f, idx) in \
-            enumerate(CASES):
+            enumerate(CASES + SHORT_ROWS):
+        if i == len(CASES):
+            os.environ['PYG_DFGNN_SHORT_ROWS'] = '1'
         try:
             tk.run_case(cuda, random.Random(i), kind, dtype, strategy, graph,
                         heads, d, f, grad=False, index_dtype=idx)

@@ -1,9 +1,11 @@
-"""The short-row forward (kernels/fwd_rows_kernel.cuh: a warp per row for
-graphs of mean in-degree <= 4, longest row <= 64) against the float64
-reference (GPU only): molecule-sized batches, isolated rows, N = 1, E = 0,
-H = 3, one lane per head, 'dot' and 'add', every dtype; outputs poisoned
-first, gradients through the backward from its lse. The kernel's launch is
-checked with the profiler, and the shapes it does not take still run SMMF.
+"""The short-row forward (kernels/fwd_rows_kernel.cuh: a warp per row) against
+the float64 reference (GPU only), forced on small graphs with
+PYG_DFGNN_SHORT_ROWS=1: molecule-sized batches, isolated rows, N = 1,
+E = 0, H = 3, one lane per head, several rows per warp, 'dot' and 'add',
+every dtype; outputs poisoned first, gradients through the backward from
+its lse. The kernel's launch is checked with the profiler: the shapes it
+does not take run SMMF, and the automatic rule takes it for many short
+rows only (>= 32,768 rows, mean in-degree <= 8, longest row <= 64).
 """
 import math
 import zlib
@@ -62,8 +64,10 @@ def ran_rows_kernel(fn) -> bool:
                                    torch.bfloat16])
 @pytest.mark.parametrize('heads,f', [(1, 128), (4, 32), (3, 8), (8, 16),
                                      (2, 128), (3, 17)])
-def test_short_rows_match_reference(graph, kind, dtype, heads, f):
+def test_short_rows_match_reference(graph, kind, dtype, heads, f,
+                                    monkeypatch):
     cuda = _cuda()
+    monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', '1')
     gen = torch.Generator().manual_seed(
         zlib.crc32(f'{graph}{kind}{dtype}{heads}{f}'.encode()))
     ei, n = graph_of(graph, gen)
@@ -100,15 +104,30 @@ def test_short_rows_match_reference(graph, kind, dtype, heads, f):
         assert err <= TOL_GRAD[dtype], f'grad_{name} {err:.2e}: {tag}'
 
 
-def test_long_or_dense_rows_stay_on_smmf():
+def test_automatic_rule(monkeypatch):
+    """Taken for many short rows; not for few rows, dense rows, a long row,
+    or with PYG_DFGNN_SHORT_ROWS=0."""
     cuda = _cuda()
+    monkeypatch.delenv('PYG_DFGNN_SHORT_ROWS', raising=False)
     gen = torch.Generator().manual_seed(0)
-    n = 200
-    dense = torch.randint(0, n, (2, 8 * n), generator=gen)  # mean degree 8
-    star = torch.stack([torch.arange(n), torch.zeros(n, dtype=torch.long)])
-    for ei in (dense, star):  # (the star: one row of 200 > 64)
-        g = DFGraph.from_edge_index(ei.cuda(), size=(n, n))
-        value, query, key, _ = make_inputs('dot', n, n, 1, 128, 128,
+    many, n_many = molecules(gen, graphs=1500)  # 34,500 rows, in-degree ~2
+    few, n_few = molecules(gen)  # 920 rows
+    n = 40000
+    dense = torch.randint(0, n, (2, 10 * n), generator=gen)  # mean 10
+    star = torch.cat([many, torch.stack([  # one row of 200 > 64
+        torch.arange(200), torch.zeros(200, dtype=torch.long)])], dim=1)
+    for ei, size, env, expect in [(many, n_many, None, True),
+                                  (many, n_many, '0', False),
+                                  (few, n_few, None, False),
+                                  (dense, n, None, False),
+                                  (star, n_many, None, False)]:
+        if env is None:
+            monkeypatch.delenv('PYG_DFGNN_SHORT_ROWS', raising=False)
+        else:
+            monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', env)
+        g = DFGraph.from_edge_index(ei.cuda(), size=(size, size))
+        value, query, key, _ = make_inputs('dot', size, size, 1, 128, 128,
                                            torch.float32, gen, False)
-        assert not ran_rows_kernel(lambda: cuda.fused_attention_cuda(
-            g, 'dot', value, query, key, None, 0.1, 0.2, strategy='smmf'))
+        assert ran_rows_kernel(lambda: cuda.fused_attention_cuda(
+            g, 'dot', value, query, key, None, 0.1, 0.2,
+            strategy='smmf')) == expect, (size, env)
