@@ -19,9 +19,11 @@
 // others' dots, and sums / scatter hand the loop's weight to the others
 // (W_p + W_loop / count), so no loop row is ever formed.
 //
-// One warp per row; dots and scatter with lanes over edges (M in shared
-// memory, x rows in vectors), sums with lanes over the H * De outputs and
-// several edges in flight. No atomics: deterministic. A node_mat of one
+// One warp per row: rows in vectors with H <= 8 take the lane-group kernel
+// (edge_attr_groups.cuh: a group of lanes per edge); the others this file's
+// row kernel, dots and scatter with lanes over edges (M in shared memory),
+// sums with lanes over the H * De outputs and several edges in flight. No
+// atomics: deterministic. A node_mat of one
 // row (M shared by all rows, GAT) takes the edge-parallel kernels of
 // edge_attr_shared.cuh instead, and its sums come back summed over the
 // rows ([1, H, De]).
@@ -220,7 +222,7 @@ void run_shared_mat(edge_rows::Args<T> a,
     const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
     const int64_t tile = grad_tile_edges((int)De);
     const unsigned grad_blocks = (unsigned)std::min<int64_t>(
-        (a.n_edges + tile - 1) / tile, 4 * (int64_t)sms);
+        (a.n_edges + tile - 1) / tile, kGradBlocksPerSM * (int64_t)sms);
     at::Tensor dm;
     at::Tensor partial = at::empty({sums ? (int64_t)grad_blocks : 0, H * De},
                                    fopts);

@@ -164,6 +164,16 @@ __device__ __forceinline__ void shared_grad_tiles(
   for (int k = 0; k < kSlots; ++k)
 #pragma unroll
     for (int c = 0; c < VW; ++c) acc[k][c] = 0.f;
+  // f(slot k, cell) for each d M cell of this thread
+  auto for_cells = [&](auto&& f) {
+    if (g >= groups) return;
+#pragma unroll
+    for (int k = 0; k < kSlots; ++k) {
+      const int cell = grad_cell(t, k, cells);
+      if (cell < 0) break;
+      f(k, cell);
+    }
+  };
   const int64_t tiles = (a.n_edges + te - 1) / te;
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int64_t p0 = tile * te;
@@ -228,33 +238,23 @@ __device__ __forceinline__ void shared_grad_tiles(
     }
     if (partial == nullptr) continue;  // (block-uniform)
     __syncthreads();
-    if (g < groups) {
+    for_cells([&](int k, int cell) {
+      const int h = cell / qs, c0 = (cell - h * qs) * VW;
+      for (int e = g; e < te; e += groups) {
+        const float wh = s_w[e * H + h];
 #pragma unroll
-      for (int k = 0; k < kSlots; ++k) {
-        const int cell = grad_cell(t, k, cells);
-        if (cell < 0) break;
-        const int h = cell / qs, c0 = (cell - h * qs) * VW;
-        for (int e = g; e < te; e += groups) {
-          const float wh = s_w[e * H + h];
-#pragma unroll
-          for (int c = 0; c < VW; ++c)
-            acc[k][c] = fmaf(wh, s_x[e * De + c0 + c], acc[k][c]);
-        }
+        for (int c = 0; c < VW; ++c)
+          acc[k][c] = fmaf(wh, s_x[e * De + c0 + c], acc[k][c]);
       }
-    }
+    });
   }
   if (partial == nullptr) return;
   // the groups' sums: [groups, HD] through s_x, then one row per block
   __syncthreads();
-  if (g < groups) {
+  for_cells([&](int k, int cell) {
 #pragma unroll
-    for (int k = 0; k < kSlots; ++k) {
-      const int cell = grad_cell(t, k, cells);
-      if (cell < 0) break;
-#pragma unroll
-      for (int c = 0; c < VW; ++c) s_x[g * HD + cell * VW + c] = acc[k][c];
-    }
-  }
+    for (int c = 0; c < VW; ++c) s_x[g * HD + cell * VW + c] = acc[k][c];
+  });
   __syncthreads();
   for (int o = t; o < HD; o += kEdgeThreads) {
     float total = 0.f;
@@ -263,8 +263,12 @@ __device__ __forceinline__ void shared_grad_tiles(
   }
 }
 
+// Resident shared_grad blocks per SM (64 registers); the host launches
+// that many persistent blocks per SM.
+constexpr int kGradBlocksPerSM = 4;
+
 template <typename T, int MAXH>
-__global__ void __launch_bounds__(kEdgeThreads, 4)
+__global__ void __launch_bounds__(kEdgeThreads, kGradBlocksPerSM)
     shared_grad_kernel(Args<T> a, const float* __restrict__ loop_w,
                        const int32_t* __restrict__ edge_row,
                        float* __restrict__ partial) {

@@ -25,6 +25,8 @@
 //      (max, sum, unnormalised acc) per segment;
 //   c. a combine kernel merges the segments of long rows (flash-decoding
 //      style), so one node connected to all others still spreads over the GPU.
+// Short rows (many rows of a few edges, plain path; run_smmf hands them
+// over): a warp per row, no shared memory (fwd_rows_kernel.cuh).
 // Training features, in both strategies (runtime switches, warp-uniform):
 //   edge terms (EdgeTerms, CSR order): es / ek read in the SDDMM, ev summed
 //   in the SpMM as a second neighbour row; attention dropout: the exp values
@@ -38,8 +40,10 @@
 //                             FwdArgs, the vectorized SpMM accumulation
 //   fwd_smmf_kernel.cuh       SMMF: layout, per-warp row loop, kernel
 //   fwd_pmf_kernel.cuh        PMF: SDDMM, softmax + SpMM, combine kernels
+//   fwd_rows_kernel.cuh       short rows: a warp per row
 //   fwd_alpha_kernel.cuh      attention weights from the raw scores
-//   fwd_launch_template.cuh   host: Launch, run_smmf<T> / run_pmf<T>
+//   fwd_launch_template.cuh   host: Launch, run_smmf<T> (run_rows<T>) /
+//                             run_pmf<T>
 //   fused_attention_fwd_{smmf,pmf}_{f32,f16,bf16}.cu  instantiations
 //   fused_attention_fwd.cu    host entry: checks, strategy choice
 // shared with the backward: numeric, vector_io, score_kinds,
