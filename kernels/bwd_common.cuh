@@ -58,11 +58,12 @@
 //   bwd_rows_pass.cuh         rows pass (dQ, D, (p, t) -> ebuf)
 //   bwd_cols_pass.cuh         cols pass (dK, dV, d att, edge gradients)
 //   bwd_kernel.cuh            the pass kernel and the segment combine kernel
+//   bwd_short_kernel.cuh      both passes for short owners: a warp per owner
 //   bwd_launch_template.cuh   host: Args, run_bwd_kind<T, KIND>, run_bwd<T>
 //   fused_attention_bwd_{dot,add,gatv2}_{f32,f16,bf16}.cu  instantiations
 //   fused_attention_bwd.cu    host entry: checks, outputs
 // shared with the forward: numeric, vector_io, score_kinds,
-// training_features, row_tiles, dispatch (.cuh).
+// training_features, row_tiles, dispatch, short_rows (.cuh).
 #pragma once
 
 #include <cstdint>

@@ -14,6 +14,7 @@
 
 #include "bwd_common.cuh"
 #include "bwd_kernel.cuh"
+#include "bwd_short_kernel.cuh"
 #include "bwd_tc_kernel.cuh"
 #include "dispatch.cuh"
 
@@ -144,6 +145,23 @@ void launch(const BwdArgs<T, I>& args, const at::Tensor& ptr,
   }
 }
 
+// A pass for short owners (bwd_short_kernel.cuh): a warp per owner.
+// (instantiated only where it can be taken: the plain vector kernels)
+template <typename T, typename I, int KIND, bool VEC, bool FEAT, bool COLS>
+void launch_short(const BwdArgs<T, I>& a) {
+  if constexpr (KIND != kGatv2 && VEC && !FEAT) {
+    constexpr int VW = Vec<T>::kWidth;
+    const int lanes = short_lanes((int64_t)a.H * a.F, VW);
+    const int64_t blocks = short_blocks(a.n_owner, lanes, kShortThreads);
+    if (blocks <= 0) return;
+    auto kernel = COLS ? short_cols_bwd_kernel<T, I, KIND, VW>
+                       : short_rows_bwd_kernel<T, I, KIND, VW>;
+    kernel<<<(unsigned)blocks, kShortThreads, 0,
+             c10::cuda::getCurrentCUDAStream()>>>(a, lanes);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
 // PYG_DFGNN_BWD_STORE_MB (read per call, so that tests can switch it).
 inline double store_limit_bytes() {
   const char* env = std::getenv("PYG_DFGNN_BWD_STORE_MB");
@@ -188,6 +206,15 @@ void run_passes(Args& A, int optin) {
   a.galpha_dropped = A.alpha_dropped;
   a.item_group = std::min(8, next_pow2((std::max(D, F) + VW - 1) / VW));
   a.scale = (float)A.scale, a.slope = (float)A.slope;
+  // Short owners (short_rows.cuh's shapes and rule, rows and columns
+  // apart): the warp-per-owner passes; plain path with ebuf stored.
+  const char mode = short_rows_mode();
+  const bool short_ok = !FEAT && VEC && KIND != kGatv2 && !lean &&
+                        short_shapes(KIND, VEC, H, D, F, VW);
+  const bool short_rows =
+      short_ok && short_owners(mode, n_dst, E, A.max_in_degree);
+  const bool short_cols =
+      short_ok && short_owners(mode, n_src, E, A.max_out_degree);
 
   // rows pass: grad_query, D -> drow, (p, t) -> ebuf
   BwdArgs<T, I> r = a;
@@ -200,9 +227,12 @@ void run_passes(Args& A, int optin) {
   r.grad_a = A.grad_query.data_ptr<T>();
   r.n_owner = n_dst;
   r.group = std::min(32, next_pow2(std::max(1, slots_k)));
-  launch<T, I, KIND, VEC, false, FEAT, false>(r, A.rowptr, E, A.max_in_degree,
-                                              A.windows, A.stage_nodes, optin,
-                                              nullptr, fopt);
+  if (short_rows)
+    launch_short<T, I, KIND, VEC, FEAT, false>(r);
+  else
+    launch<T, I, KIND, VEC, false, FEAT, false>(
+        r, A.rowptr, E, A.max_in_degree, A.windows, A.stage_nodes, optin,
+        nullptr, fopt);
   // cols pass: grad_key, grad_value, d att partials
   BwdArgs<T, I> c = a;
   c.ptr = A.colptr.data_ptr<int64_t>();
@@ -221,6 +251,10 @@ void run_passes(Args& A, int optin) {
   c.n_owner = n_src;
   c.group = std::min(32, next_pow2(slots_k + slots_v));
   at::Tensor att_part;
+  if (short_cols) {
+    launch_short<T, I, KIND, VEC, FEAT, true>(c);
+    return;
+  }
   PYG_DFGNN_DISPATCH_BOOL(lean, LEAN, [&] {
     launch<T, I, KIND, VEC, true, FEAT, LEAN>(
         c, A.colptr, E, A.max_out_degree, A.col_windows, A.col_stage_nodes,

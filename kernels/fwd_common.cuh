@@ -47,7 +47,7 @@
 //   fused_attention_fwd_{smmf,pmf}_{f32,f16,bf16}.cu  instantiations
 //   fused_attention_fwd.cu    host entry: checks, strategy choice
 // shared with the backward: numeric, vector_io, score_kinds,
-// training_features, row_tiles, dispatch (.cuh).
+// training_features, row_tiles, dispatch, short_rows (.cuh).
 // A new strategy is a kernel file of this family, a run_<strategy><T> in the
 // launch template, its instantiation units and one entry in the host
 // entry's choice.

@@ -107,32 +107,18 @@ void run_alpha(const Launch& L, const at::Tensor& scores) {
 }
 
 // Whether SMMF's rows go to the short-row kernel (fwd_rows_kernel.cuh):
-// no training features, 'dot' with D = F (a head's lanes a power of two)
-// or 'add', vector rows, one vector per lane, short rows known.
-// PYG_DFGNN_SHORT_ROWS: 0 keeps SMMF, 1 takes the short-row kernel
-// wherever its shapes allow (benchmarks compare the two, tests reach it
-// on small graphs); unset: the measured rule.
+// no training features, the shapes and the rule of short_rows.cuh.
 inline bool short_rows(const Launch& L, int vw) {
-  const char* env = std::getenv("PYG_DFGNN_SHORT_ROWS");
-  const char mode = env != nullptr ? env[0] : 'a';
-  if (mode == '0' || L.features() || !L.vec || L.kind == kGatv2 ||
-      L.F % vw != 0 || L.H * L.F > (int64_t)kWarpSize * vw)
-    return false;
-  const int64_t lanes = L.F / vw;
-  if (L.kind == kDot && (L.D != L.F || (lanes & (lanes - 1)) != 0))
-    return false;
-  if (mode == '1') return true;
-  return L.max_in_degree >= 0 && L.max_in_degree <= kRowsMaxDegree &&
-         L.n_edges <= kRowsMaxMeanDegree * L.n_dst &&
-         L.n_dst >= kRowsMinRows;
+  return !L.features() && short_shapes(L.kind, L.vec, L.H, L.D, L.F, vw) &&
+         short_owners(short_rows_mode(), L.n_dst, L.n_edges,
+                      L.max_in_degree);
 }
 
 template <typename scalar_t>
 void run_rows(const Launch& L) {
   constexpr int VW = Vec<scalar_t>::kWidth;
-  const int lanes = rows_lanes(L.H * L.F, VW);
-  const int64_t rows = (int64_t)kWarps * (kWarpSize / lanes);  // per block
-  const int64_t blocks = (L.n_dst + rows - 1) / rows;
+  const int lanes = short_lanes(L.H * L.F, VW);
+  const int64_t blocks = short_blocks(L.n_dst, lanes, kThreads);
   if (blocks <= 0) return;
   auto a = make_args<scalar_t, int32_t, true>(L);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();

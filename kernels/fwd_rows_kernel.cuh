@@ -1,53 +1,30 @@
 // Short rows (molecule-sized batches, graphs of low in-degree): a warp per
-// row (or 32 / lanes rows where fewer lanes hold one), each lane one
-// VW-vector of the row's H * F features, an online softmax per head in
-// registers, two edges in flight; no shared memory, no block phases.
+// row (or 32 / lanes rows where fewer lanes hold one; short_rows.cuh), each
+// lane one VW-vector of the row's H * F features, an online softmax per
+// head in registers, two edges in flight; no shared memory, no block phases.
 // SMMF's block of 8 warps spent its time in the machinery around 32-edge
 // chunks (row counter, staged query, per-head softmax reductions) when a
 // row has ~2 edges (zinc-like under ncu: 33% of DRAM bandwidth, 1.2
 // eligible warps per scheduler). Plain path only (no training features),
-// 'dot' (D = F) and 'add'; the host takes it where rows are short and
-// many (below) and one vector per lane covers H * F. Same lse / out
-// conventions as SMMF.
+// 'dot' (D = F) and 'add'; the host takes it by short_rows.cuh's rule.
+// Same lse / out conventions as SMMF.
 #pragma once
 
 #include "fwd_common.cuh"
+#include "short_rows.cuh"
 
 namespace pyg_dfgnn {
 namespace fwd {
-
-// Where the host takes it (session 13, H100, against SMMF in one run):
-// faster on zinc-like (mean in-degree 2), arxiv-like (6.9, longest 21)
-// and mnist-like (7.6) at 1x128 and 4x32, fp32 and bf16; slower on the
-// small cora- / pubmed-like 1x128 (2.7K / 19.7K rows: a row's edges one
-// step after another leave too few warps to hide the latency).
-constexpr int kRowsMaxMeanDegree = 8;    // E / N_dst at most
-constexpr int kRowsMaxDegree = 64;       // longest row (a warp walks it)
-constexpr int64_t kRowsMinRows = 32768;  // rows at least
-
-// Lanes of one row: the fewest (a power of two) that hold its H * F
-// features in vectors of VW; a warp takes 32 / lanes rows.
-__host__ __device__ inline int rows_lanes(int64_t hf, int vw) {
-  int l = 1;
-  while ((int64_t)l * vw < hf) l <<= 1;
-  return l;
-}
 
 template <typename T, typename I, int KIND, int VW>
 __global__ void __launch_bounds__(kThreads)
     rows_fwd_kernel(FwdArgs<T, I> a, int lanes) {
   static_assert(KIND == kDot || KIND == kAdd, "rows: 'dot' or 'add'");
-  const int lane = threadIdx.x % kWarpSize;
-  const int per_warp = kWarpSize / lanes;
-  const int64_t row =
-      ((int64_t)blockIdx.x * kWarps + threadIdx.x / kWarpSize) * per_warp +
-      lane / lanes;
-  const bool has_row = row < a.n_dst;
   const int H = a.H, F = a.F, HF = H * F;
-  const int c0 = (lane % lanes) * VW;  // this lane's features [c0, c0 + VW)
-  const bool on = has_row && c0 < HF;
-  const int h = on ? c0 / F : 0;
-  const int G = F / VW;  // lanes of one head ('dot': a power of two <= 32)
+  const OwnerLane o = owner_lane<VW>(lanes, a.n_dst, H, F);
+  const int64_t row = o.owner;
+  const bool has_row = o.has, on = o.on;
+  const int c0 = o.c0, h = o.h, G = o.G;
   float q[VW], qh = 0.f;
 #pragma unroll
   for (int i = 0; i < VW; ++i) q[i] = 0.f;
@@ -63,9 +40,7 @@ __global__ void __launch_bounds__(kThreads)
       float s = 0.f;
 #pragma unroll
       for (int i = 0; i < VW; ++i) s = fmaf(q[i], k[i], s);
-      for (int o = G / 2; o > 0; o >>= 1)
-        s += __shfl_xor_sync(kFullMask, s, o);
-      return s * a.scale;
+      return group_sum(s, G) * a.scale;
     } else {
       return leaky_relu(qh + to_float(a.k[j * H + h]), a.slope);
     }

@@ -7,11 +7,13 @@ Covers every score kind, the plain and the staged (row / column windows of
 batched small graphs) blocks of both passes, heavy owners (a super node),
 empty rows/columns, the scalar (F = 17) and 16-byte (F = 32) layouts, fp32
 and bf16, int32 and int64 indices; the tensor-core backward after the TC
-and the SMMF forward (added in session 9, not yet run on a GPU). Build the kernels once beforehand
+and the SMMF forward; the short-owner passes (bwd_short_kernel.cuh, forced
+with PYG_DFGNN_SHORT_ROWS=1). Build the kernels once beforehand
 (outside the sanitizer) to keep the run short. Exits non-zero if a gradient
 is off.
 """
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -36,6 +38,15 @@ CASES = [
     ('batch', 120, 'gatv2', torch.bfloat16, 2, 32, 32, False, 150),
     ('super', 300, 'gatv2', torch.bfloat16, 1, 16, 16, False, None),
     ('empty', 5, 'dot', torch.float32, 1, 8, 8, False, None),
+]
+
+# The short-owner passes (a warp per row / column; several owners per warp
+# for bf16 1 x 128), forced on these small graphs.
+SHORT_CASES = [
+    ('batch', 120, 'dot', torch.float32, 1, 128, 128, False, None),
+    ('batch', 120, 'dot', torch.bfloat16, 1, 128, 128, True, None),
+    ('isolated', 80, 'add', torch.bfloat16, 3, 8, 8, False, None),
+    ('empty', 5, 'dot', torch.float32, 2, 8, 8, False, None),
 ]
 
 
@@ -73,13 +84,16 @@ def tc_cases() -> int:
 
 def main() -> int:
     bad = tc_cases()
-    for g, n, kind, dtype, H, F, D, idx64, stage in CASES:
+    for i, (g, n, kind, dtype, H, F, D, idx64, stage) in \
+            enumerate(CASES + SHORT_CASES):
+        if i == len(CASES):
+            os.environ['PYG_DFGNN_SHORT_ROWS'] = '1'
         errs = tb.run_case(g, n, kind, dtype, H, F, D, idx64=idx64, seed=1,
                            stage=stage)
         ok = all(e <= tb.TOL[dtype] for e in errs.values())
         bad += not ok
         print(f"{'ok ' if ok else 'BAD'} {g:9s} {kind:5s} {str(dtype):15s} "
-              f"{'staged' if stage else 'plain ':6s} "
+              f"{'staged' if stage else 'short ' if i >= len(CASES) else 'plain ':6s} "
               f"H={H} F={F}: " +
               ' '.join(f'{k}={v:.1e}' for k, v in errs.items()))
     return 1 if bad else 0

@@ -1,11 +1,13 @@
-"""The short-row forward (kernels/fwd_rows_kernel.cuh: a warp per row) against
-the float64 reference (GPU only), forced on small graphs with
-PYG_DFGNN_SHORT_ROWS=1: molecule-sized batches, isolated rows, N = 1,
-E = 0, H = 3, one lane per head, several rows per warp, 'dot' and 'add',
-every dtype; outputs poisoned first, gradients through the backward from
-its lse. The kernel's launch is checked with the profiler: the shapes it
-does not take run SMMF, and the automatic rule takes it for many short
-rows only (>= 32,768 rows, mean in-degree <= 8, longest row <= 64).
+"""The short-owner kernels against the float64 reference (GPU only): the
+forward's warp per row (kernels/fwd_rows_kernel.cuh) and the backward's
+warp-per-row / warp-per-column passes (kernels/bwd_short_kernel.cuh),
+forced on small graphs with PYG_DFGNN_SHORT_ROWS=1: molecule-sized batches,
+isolated rows, N = 1, E = 0, H = 3, one lane per head, several owners per
+warp, 'dot' and 'add', every dtype; outputs poisoned first. The launches
+are checked with the profiler: the shapes they do not take run the block
+kernels, and the automatic rule takes them for many short owners only (>=
+32,768, mean degree <= 8, longest <= 64; rows and columns apart in the
+backward).
 """
 import math
 import zlib
@@ -50,12 +52,18 @@ def graph_of(name, gen):
     return torch.empty(2, 0, dtype=torch.long), 5  # 'empty'
 
 
-def ran_rows_kernel(fn) -> bool:
+SHORT_KERNELS = ('rows_fwd_kernel', 'short_rows_bwd_kernel',
+                 'short_cols_bwd_kernel')
+
+
+def short_kernels_run(fn):
+    """(fn's result, the short-owner kernels among its launches)."""
     with torch.profiler.profile(
             activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
+        result = fn()
         torch.cuda.synchronize()
-    return any('rows_fwd_kernel' in e.name for e in prof.events())
+    names = {k for e in prof.events() for k in SHORT_KERNELS if k in e.name}
+    return result, names
 
 
 @pytest.mark.parametrize('graph', ['molecules', 'isolated', 'one', 'empty'])
@@ -83,8 +91,8 @@ def test_short_rows_match_reference(graph, kind, dtype, heads, f,
     def run():
         return cuda.fused_attention_cuda(g, kind, value, query, key, None,
                                          scale, 0.2, strategy='smmf')
-    assert ran_rows_kernel(run) == expect_rows
-    out = run()
+    out, ran = short_kernels_run(run)
+    assert ran == ({'rows_fwd_kernel'} if expect_rows else set())
     assert torch.isfinite(out).all(), 'unwritten or non-finite output'
     leaves = [value, query, key]
     ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
@@ -94,7 +102,10 @@ def test_short_rows_match_reference(graph, kind, dtype, heads, f,
     assert rel_err(out, ref) <= TOL_OUT[dtype], tag
     g_out = torch.randn(out.shape, generator=gen).to('cuda', dtype)
     poison_allocator()
-    grads = torch.autograd.grad(out, leaves, g_out)
+    grads, ran = short_kernels_run(
+        lambda: torch.autograd.grad(out, leaves, g_out))
+    assert ran == ({'short_rows_bwd_kernel', 'short_cols_bwd_kernel'}
+                   if expect_rows else set())
     ref_grads = torch.autograd.grad(ref, ref_leaves, g_out.double(),
                                     allow_unused=True)
     for name, gv, rg in zip(('value', 'query', 'key'), grads, ref_grads):
@@ -105,29 +116,38 @@ def test_short_rows_match_reference(graph, kind, dtype, heads, f,
 
 
 def test_automatic_rule(monkeypatch):
-    """Taken for many short rows; not for few rows, dense rows, a long row,
-    or with PYG_DFGNN_SHORT_ROWS=0."""
+    """Taken for many short owners; not for few, dense or long ones, or
+    with PYG_DFGNN_SHORT_ROWS=0. The backward decides rows (in-degree) and
+    columns (out-degree) apart."""
     cuda = _cuda()
-    monkeypatch.delenv('PYG_DFGNN_SHORT_ROWS', raising=False)
     gen = torch.Generator().manual_seed(0)
     many, n_many = molecules(gen, graphs=1500)  # 34,500 rows, in-degree ~2
     few, n_few = molecules(gen)  # 920 rows
     n = 40000
     dense = torch.randint(0, n, (2, 10 * n), generator=gen)  # mean 10
-    star = torch.cat([many, torch.stack([  # one row of 200 > 64
-        torch.arange(200), torch.zeros(200, dtype=torch.long)])], dim=1)
-    for ei, size, env, expect in [(many, n_many, None, True),
-                                  (many, n_many, '0', False),
-                                  (few, n_few, None, False),
-                                  (dense, n, None, False),
-                                  (star, n_many, None, False)]:
+    fan = torch.stack([torch.arange(200), torch.zeros(200, dtype=torch.long)])
+    star = torch.cat([many, fan], dim=1)  # one row of 200 > 64
+    hub = torch.cat([many, fan.flip(0)], dim=1)  # one column of 200
+    rows = {'rows_fwd_kernel', 'short_rows_bwd_kernel'}
+    cols = {'short_cols_bwd_kernel'}
+    for ei, size, env, expect in [(many, n_many, None, rows | cols),
+                                  (many, n_many, '0', set()),
+                                  (few, n_few, None, set()),
+                                  (dense, n, None, set()),
+                                  (star, n_many, None, cols),
+                                  (hub, n_many, None, rows)]:
         if env is None:
             monkeypatch.delenv('PYG_DFGNN_SHORT_ROWS', raising=False)
         else:
             monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', env)
         g = DFGraph.from_edge_index(ei.cuda(), size=(size, size))
         value, query, key, _ = make_inputs('dot', size, size, 1, 128, 128,
-                                           torch.float32, gen, False)
-        assert ran_rows_kernel(lambda: cuda.fused_attention_cuda(
-            g, 'dot', value, query, key, None, 0.1, 0.2,
-            strategy='smmf')) == expect, (size, env)
+                                           torch.float32, gen, True)
+
+        def step():
+            out = cuda.fused_attention_cuda(g, 'dot', value, query, key,
+                                            None, 0.1, 0.2, strategy='smmf')
+            return torch.autograd.grad(out, [value, query, key],
+                                       torch.ones_like(out))
+        _, ran = short_kernels_run(step)
+        assert ran == expect, (size, env, ran)

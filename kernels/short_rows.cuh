@@ -1,0 +1,99 @@
+// Short owners (molecule-sized batches, graphs of low degree): what the
+// warp-per-owner kernels share -- the forward's short-row kernel
+// (fwd_rows_kernel.cuh) and the backward's short passes
+// (bwd_short_kernel.cuh). A warp takes one owner (a CSR row or a CSC
+// column), or 32 / lanes owners where fewer lanes hold one; each lane holds
+// one VW-vector of the owner's H * F features; a head's lanes are a power
+// of two, so a head's dot products are one group_sum. The block kernels
+// spend their time in chunk machinery (row counters, staged rows, barriers)
+// around owners of a few edges; these have none of it.
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+
+#include "numeric.cuh"
+#include "ops.h"
+
+namespace pyg_dfgnn {
+
+// Where the host takes them (session 13, H100, the forward against SMMF in
+// one run): faster on zinc-like (mean in-degree 2), arxiv-like (6.9,
+// longest 21) and mnist-like (7.6) at 1x128 and 4x32, fp32 and bf16;
+// slower on the small cora- / pubmed-like 1x128 (2.7K / 19.7K rows: an
+// owner's edges one step after another leave too few warps to hide the
+// latency).
+constexpr int kShortMaxMeanDegree = 8;    // E / owners at most
+constexpr int kShortMaxDegree = 64;       // longest owner (a warp walks it)
+constexpr int64_t kShortMinOwners = 32768;  // owners at least
+
+// PYG_DFGNN_SHORT_ROWS (read per call): '0' keeps the block kernels, '1'
+// takes the short ones wherever the shapes allow (benchmarks compare the
+// two, tests reach them on small graphs); unset: the measured rule.
+inline char short_rows_mode() {
+  const char* env = std::getenv("PYG_DFGNN_SHORT_ROWS");
+  return env != nullptr && *env != '\0' ? env[0] : 'a';
+}
+
+// The shapes they take: no training features (checked by the callers),
+// 'dot' with D = F or 'add', vector rows, a head's lanes F / vw a power of
+// two, one vector per lane covering H * F.
+inline bool short_shapes(int64_t kind, bool vec, int64_t H, int64_t D,
+                         int64_t F, int vw) {
+  if (!vec || (kind != kDot && kind != kAdd) || F % vw != 0 ||
+      H * F > (int64_t)kWarpSize * vw || (kind == kDot && D != F))
+    return false;
+  const int64_t lanes = F / vw;
+  return (lanes & (lanes - 1)) == 0;
+}
+
+// The rule on the owners' side (CSR rows for the forward and the rows
+// pass, CSC columns for the cols pass): many, short, the longest known.
+inline bool short_owners(char mode, int64_t n_owner, int64_t n_edges,
+                         int64_t max_degree) {
+  if (mode == '0') return false;
+  if (mode == '1') return true;
+  return max_degree >= 0 && max_degree <= kShortMaxDegree &&
+         n_edges <= kShortMaxMeanDegree * n_owner &&
+         n_owner >= kShortMinOwners;
+}
+
+// Lanes of one owner: the fewest (a power of two) that hold its H * F
+// features in vectors of VW.
+__host__ __device__ inline int short_lanes(int64_t hf, int vw) {
+  int l = 1;
+  while ((int64_t)l * vw < hf) l <<= 1;
+  return l;
+}
+
+// This lane's owner and features [c0, c0 + VW) (head h, G lanes a head).
+struct OwnerLane {
+  int64_t owner;
+  int c0, h, G;
+  bool has;  // the owner exists (its lanes take part in the walk)
+  bool on;   // and this lane holds features
+};
+template <int VW>
+__device__ __forceinline__ OwnerLane owner_lane(int lanes, int64_t n_owner,
+                                                int H, int F) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int warps = blockDim.x / kWarpSize;
+  OwnerLane o;
+  o.owner = ((int64_t)blockIdx.x * warps + threadIdx.x / kWarpSize) *
+                (kWarpSize / lanes) +
+            lane / lanes;
+  o.has = o.owner < n_owner;
+  o.c0 = (lane % lanes) * VW;
+  o.on = o.has && o.c0 < H * F;
+  o.h = o.on ? o.c0 / F : 0;
+  o.G = F / VW;
+  return o;
+}
+
+// Owners of one block of `threads` (kWarpSize / lanes per warp).
+inline int64_t short_blocks(int64_t n_owner, int lanes, int threads) {
+  const int64_t per_block = (int64_t)(threads / kWarpSize) * (kWarpSize / lanes);
+  return (n_owner + per_block - 1) / per_block;
+}
+
+}  // namespace pyg_dfgnn
