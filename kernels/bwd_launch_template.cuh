@@ -211,10 +211,11 @@ void run_passes(Args& A, int optin) {
   const char mode = short_rows_mode();
   const bool short_ok = !FEAT && VEC && KIND != kGatv2 && !lean &&
                         short_shapes(KIND, VEC, H, D, F, VW);
+  const int lanes = short_lanes((int64_t)H * F, VW);
   const bool short_rows =
-      short_ok && short_owners(mode, n_dst, E, A.max_in_degree);
+      short_ok && short_owners(mode, n_dst, E, A.max_in_degree, lanes);
   const bool short_cols =
-      short_ok && short_owners(mode, n_src, E, A.max_out_degree);
+      short_ok && short_owners(mode, n_src, E, A.max_out_degree, lanes);
 
   // rows pass: grad_query, D -> drow, (p, t) -> ebuf
   BwdArgs<T, I> r = a;

@@ -111,7 +111,7 @@ void run_alpha(const Launch& L, const at::Tensor& scores) {
 inline bool short_rows(const Launch& L, int vw) {
   return !L.features() && short_shapes(L.kind, L.vec, L.H, L.D, L.F, vw) &&
          short_owners(short_rows_mode(), L.n_dst, L.n_edges,
-                      L.max_in_degree);
+                      L.max_in_degree, short_lanes(L.H * L.F, vw));
 }
 
 template <typename scalar_t>

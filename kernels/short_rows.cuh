@@ -17,15 +17,16 @@
 
 namespace pyg_dfgnn {
 
-// Where the host takes them (session 13, H100, the forward against SMMF in
-// one run): faster on zinc-like (mean in-degree 2), arxiv-like (6.9,
-// longest 21) and mnist-like (7.6) at 1x128 and 4x32, fp32 and bf16;
-// slower on the small cora- / pubmed-like 1x128 (2.7K / 19.7K rows: an
-// owner's edges one step after another leave too few warps to hide the
-// latency).
-constexpr int kShortMaxMeanDegree = 8;    // E / owners at most
-constexpr int kShortMaxDegree = 64;       // longest owner (a warp walks it)
-constexpr int64_t kShortMinOwners = 32768;  // owners at least
+// Where the host takes them (H100, against the block kernels in one run;
+// sessions 13-14): faster on zinc-like (mean in-degree 2), arxiv-like
+// (6.9, longest 21), mnist-like (7.6) and, with a warp per row (fp32
+// 1x128 / 4x32), pubmed-like (19.7K rows: fwd+bwd 0.156 -> 0.099 ms);
+// mixed where fewer warps share the work -- pubmed-like with two rows per
+// warp (bf16), cora-like (2.7K rows): an owner's edges one step after
+// another leave too few warps to hide the latency.
+constexpr int kShortMaxMeanDegree = 8;     // E / owners at most
+constexpr int kShortMaxDegree = 64;        // longest owner (a warp walks it)
+constexpr int64_t kShortMinWarps = 16384;  // warps at least
 
 // PYG_DFGNN_SHORT_ROWS (read per call): '0' keeps the block kernels, '1'
 // takes the short ones wherever the shapes allow (benchmarks compare the
@@ -47,23 +48,24 @@ inline bool short_shapes(int64_t kind, bool vec, int64_t H, int64_t D,
   return (lanes & (lanes - 1)) == 0;
 }
 
-// The rule on the owners' side (CSR rows for the forward and the rows
-// pass, CSC columns for the cols pass): many, short, the longest known.
-inline bool short_owners(char mode, int64_t n_owner, int64_t n_edges,
-                         int64_t max_degree) {
-  if (mode == '0') return false;
-  if (mode == '1') return true;
-  return max_degree >= 0 && max_degree <= kShortMaxDegree &&
-         n_edges <= kShortMaxMeanDegree * n_owner &&
-         n_owner >= kShortMinOwners;
-}
-
 // Lanes of one owner: the fewest (a power of two) that hold its H * F
 // features in vectors of VW.
 __host__ __device__ inline int short_lanes(int64_t hf, int vw) {
   int l = 1;
   while ((int64_t)l * vw < hf) l <<= 1;
   return l;
+}
+
+// The rule on the owners' side (CSR rows for the forward and the rows
+// pass, CSC columns for the cols pass; `lanes` of one owner): enough warps,
+// short owners, the longest known.
+inline bool short_owners(char mode, int64_t n_owner, int64_t n_edges,
+                         int64_t max_degree, int lanes) {
+  if (mode == '0') return false;
+  if (mode == '1') return true;
+  const int64_t warps = (n_owner * lanes + kWarpSize - 1) / kWarpSize;
+  return max_degree >= 0 && max_degree <= kShortMaxDegree &&
+         n_edges <= kShortMaxMeanDegree * n_owner && warps >= kShortMinWarps;
 }
 
 // This lane's owner and features [c0, c0 + VW) (head h, G lanes a head).

@@ -6,8 +6,8 @@ isolated rows, N = 1, E = 0, H = 3, one lane per head, several owners per
 warp, 'dot' and 'add', every dtype; outputs poisoned first. The launches
 are checked with the profiler: the shapes they do not take run the block
 kernels, and the automatic rule takes them for many short owners only (>=
-32,768, mean degree <= 8, longest <= 64; rows and columns apart in the
-backward).
+16,384 warps, mean degree <= 8, longest <= 64; rows and columns apart in
+the backward).
 """
 import math
 import zlib
@@ -116,13 +116,15 @@ def test_short_rows_match_reference(graph, kind, dtype, heads, f,
 
 
 def test_automatic_rule(monkeypatch):
-    """Taken for many short owners; not for few, dense or long ones, or
-    with PYG_DFGNN_SHORT_ROWS=0. The backward decides rows (in-degree) and
-    columns (out-degree) apart."""
+    """Taken for many short owners; not for few warps (20,010 rows: a warp
+    each in fp32 1 x 128, half as many warps in bf16), dense or long ones,
+    or with PYG_DFGNN_SHORT_ROWS=0. The backward decides rows (in-degree)
+    and columns (out-degree) apart."""
     cuda = _cuda()
     gen = torch.Generator().manual_seed(0)
     many, n_many = molecules(gen, graphs=1500)  # 34,500 rows, in-degree ~2
     few, n_few = molecules(gen)  # 920 rows
+    mid, n_mid = molecules(gen, graphs=870)  # 20,010 rows
     n = 40000
     dense = torch.randint(0, n, (2, 10 * n), generator=gen)  # mean 10
     fan = torch.stack([torch.arange(200), torch.zeros(200, dtype=torch.long)])
@@ -130,19 +132,24 @@ def test_automatic_rule(monkeypatch):
     hub = torch.cat([many, fan.flip(0)], dim=1)  # one column of 200
     rows = {'rows_fwd_kernel', 'short_rows_bwd_kernel'}
     cols = {'short_cols_bwd_kernel'}
-    for ei, size, env, expect in [(many, n_many, None, rows | cols),
-                                  (many, n_many, '0', set()),
-                                  (few, n_few, None, set()),
-                                  (dense, n, None, set()),
-                                  (star, n_many, None, cols),
-                                  (hub, n_many, None, rows)]:
+    f32, b16 = torch.float32, torch.bfloat16
+    for ei, size, dtype, env, expect in [
+            (many, n_many, f32, None, rows | cols),
+            (many, n_many, b16, None, rows | cols),
+            (many, n_many, f32, '0', set()),
+            (few, n_few, f32, None, set()),
+            (mid, n_mid, f32, None, rows | cols),
+            (mid, n_mid, b16, None, set()),
+            (dense, n, f32, None, set()),
+            (star, n_many, f32, None, cols),
+            (hub, n_many, f32, None, rows)]:
         if env is None:
             monkeypatch.delenv('PYG_DFGNN_SHORT_ROWS', raising=False)
         else:
             monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', env)
         g = DFGraph.from_edge_index(ei.cuda(), size=(size, size))
         value, query, key, _ = make_inputs('dot', size, size, 1, 128, 128,
-                                           torch.float32, gen, True)
+                                           dtype, gen, True)
 
         def step():
             out = cuda.fused_attention_cuda(g, 'dot', value, query, key,
@@ -150,4 +157,4 @@ def test_automatic_rule(monkeypatch):
             return torch.autograd.grad(out, [value, query, key],
                                        torch.ones_like(out))
         _, ran = short_kernels_run(step)
-        assert ran == expect, (size, env, ran)
+        assert ran == expect, (size, dtype, env, ran)
