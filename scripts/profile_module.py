@@ -6,9 +6,12 @@ heaviest CUDA kernels.
                                      [--dtype fp32,bf16] [--backend ours]
 
 A step well above its kernel time is host-bound (Python, autograd,
-launches); one near it says which kernels to look at.
+launches); one near it says which kernels to look at. ``--cprofile``: the
+Python functions of the steps by their own time, heaviest first.
 """
 import argparse
+import cProfile
+import pstats
 import sys
 from pathlib import Path
 
@@ -30,6 +33,7 @@ def main() -> None:
     p.add_argument('--convs', default=','.join(mb.CONVS))
     p.add_argument('--dtype', default='fp32')
     p.add_argument('--backend', default='ours', choices=('ours', 'pyg'))
+    p.add_argument('--cprofile', action='store_true')
     args = p.parse_args()
     dev = torch.device('cuda')
     edge_index, n = make_graph(args.graph, dev, 0)
@@ -72,6 +76,15 @@ def main() -> None:
             for e in events[:10]:
                 print(f'  {e.device_time_total / STEPS / 1e3:7.3f} ms '
                       f'{e.count // STEPS:3d}x {e.key[:100]}')
+            if args.cprofile:
+                prof = cProfile.Profile()
+                prof.enable()
+                for _ in range(STEPS):
+                    step()
+                torch.cuda.synchronize()
+                prof.disable()
+                print(f'  Python, {STEPS} steps (tottime, cumtime in s):')
+                pstats.Stats(prof).sort_stats('tottime').print_stats(14)
 
 
 if __name__ == '__main__':

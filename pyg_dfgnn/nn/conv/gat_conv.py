@@ -10,7 +10,7 @@ from torch_geometric.nn.dense.linear import (
 )
 from torch_geometric.nn.inits import glorot, zeros
 
-from pyg_dfgnn.nn.conv.node_ops import add_bias, linear, node_scores
+from pyg_dfgnn.nn.conv.node_ops import node_scores
 from pyg_dfgnn.nn.conv.utils import (
     adjacency_edge_attr,
     attention_weights,
@@ -230,12 +230,12 @@ class DFGATConv(MessagePassing):
             res = self.res(x_dst_in)
         lin_src = self.lin if self.lin is not None else self.lin_src
         lin_dst = self.lin if self.lin is not None else self.lin_dst
-        x_src = linear(lin_src, x_src_in).view(-1, H, C)
+        x_src = lin_src(x_src_in).view(-1, H, C)
         x_dst: Optional[Tensor] = None
         if x_dst_in is x_src_in and self.lin is not None:
             x_dst = x_src
         elif x_dst_in is not None:
-            x_dst = linear(lin_dst, x_dst_in).view(-1, H, C)
+            x_dst = lin_dst(x_dst_in).view(-1, H, C)
 
         num_src, num_dst = resolve_sizes(
             edge_index, size, x_src.size(0),
@@ -280,7 +280,7 @@ class DFGATConv(MessagePassing):
         if res is not None:
             out = out + res
         if self.bias is not None:
-            out = add_bias(out, self.bias)
+            out = out + self.bias
 
         if return_attention_weights:
             return out, attention_weights(structure, edge_index, alpha)

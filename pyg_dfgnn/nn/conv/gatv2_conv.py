@@ -7,7 +7,6 @@ from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.nn.inits import glorot, zeros
 
-from pyg_dfgnn.nn.conv.node_ops import add_bias, linear
 from pyg_dfgnn.nn.conv.utils import (
     adjacency_edge_attr,
     attention_weights,
@@ -218,11 +217,11 @@ class DFGATv2Conv(MessagePassing):
 
         if self.res is not None:
             res = self.res(x_r_in)
-        x_l = linear(self.lin_l, x_l_in).view(-1, H, C)
+        x_l = self.lin_l(x_l_in).view(-1, H, C)
         if self.share_weights and x_r_in is x_l_in:
             x_r = x_l
         else:
-            x_r = linear(self.lin_r, x_r_in).view(-1, H, C)
+            x_r = self.lin_r(x_r_in).view(-1, H, C)
 
         num_src, num_dst = resolve_sizes(edge_index, None, x_l.size(0),
                                          x_r.size(0))
@@ -263,7 +262,7 @@ class DFGATv2Conv(MessagePassing):
         if res is not None:
             out = out + res
         if self.bias is not None:
-            out = add_bias(out, self.bias)
+            out = out + self.bias
 
         if return_attention_weights:
             return out, attention_weights(structure, edge_index, alpha)

@@ -9,7 +9,6 @@ from torch_geometric.nn.dense.linear import (
     is_uninitialized_parameter,
 )
 
-from pyg_dfgnn.nn.conv.node_ops import linear
 from pyg_dfgnn.nn.conv.utils import (
     adjacency_edge_attr,
     attention_weights,
@@ -198,9 +197,9 @@ class DFTransformerConv(MessagePassing):
 
         x = split_node_features(x)
 
-        query = linear(self.lin_query, x[1]).view(-1, H, C)
-        key = linear(self.lin_key, x[0]).view(-1, H, C)
-        value = linear(self.lin_value, x[0]).view(-1, H, C)
+        query = self.lin_query(x[1]).view(-1, H, C)
+        key = self.lin_key(x[0]).view(-1, H, C)
+        value = self.lin_value(x[0]).view(-1, H, C)
 
         num_src, num_dst = resolve_sizes(edge_index, None, key.size(0),
                                          query.size(0))
@@ -265,7 +264,7 @@ class DFTransformerConv(MessagePassing):
             out = out.mean(dim=1)
 
         if self.root_weight:
-            x_r = linear(self.lin_skip, x[1])
+            x_r = self.lin_skip(x[1])
             if self.lin_beta is not None:
                 beta = self.lin_beta(torch.cat([out, x_r, out - x_r], dim=-1))
                 beta = beta.sigmoid()
