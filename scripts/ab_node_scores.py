@@ -19,8 +19,9 @@ from timing import Timer  # noqa: E402
 
 import pyg_dfgnn.nn.conv.gat_conv as gat_conv  # noqa: E402
 
-VARIANTS = {'gemm': gat_conv.node_scores,
-            'sum': lambda x, att: (x * att).sum(dim=-1)}
+VARIANTS = {'gemm': lambda x, att, _: gat_conv.node_scores(x, att, 1e9),
+            'sum': lambda x, att, _: (x * att).sum(dim=-1)}
+SHIPPED = gat_conv.node_scores
 
 
 def main() -> None:
@@ -48,7 +49,7 @@ def main() -> None:
                 print(f'{graph:13s} {conv:7s} {dtype:5s}  ' + '  '.join(
                     f"{min(t):5.3f}/{max(t):5.3f}" for t in times.values()),
                     flush=True)
-        gat_conv.node_scores = VARIANTS['gemm']
+        gat_conv.node_scores = SHIPPED
 
 
 if __name__ == '__main__':

@@ -14,7 +14,7 @@ def test_node_scores_match_product_sum(heads, channels, n):
                     requires_grad=True)
     att = torch.randn(1, heads, channels, generator=gen,
                       dtype=torch.float64, requires_grad=True)
-    got = node_ops.node_scores(x, att)
+    got = node_ops.node_scores(x, att, 1.0)
     want = (x * att).sum(-1)
     assert got.shape == (n, heads)
     assert torch.allclose(got, want)
@@ -22,3 +22,16 @@ def test_node_scores_match_product_sum(heads, channels, n):
     for a, b in zip(torch.autograd.grad(got, (x, att), g),
                     torch.autograd.grad(want, (x, att), g)):
         assert torch.allclose(a, b)
+
+
+@pytest.mark.parametrize('dtype,degree,gemm', [
+    (torch.float32, 2.0, True), (torch.bfloat16, 2.0, False),
+    (torch.bfloat16, 40.0, True), (torch.float16, 15.9, False)])
+def test_node_scores_form_by_dtype_and_density(dtype, degree, gemm):
+    """Half precision keeps the product-and-sum form on sparse graphs."""
+    x = torch.randn(6, 2, 4, dtype=dtype, requires_grad=True)
+    att = torch.randn(1, 2, 4, dtype=dtype, requires_grad=True)
+    out = node_ops.node_scores(x, att, degree)
+    assert ('Mm' in out.grad_fn.name()) == gemm, out.grad_fn.name()
+    want = (x.double() * att.double()).sum(-1)
+    assert (out.double() - want).abs().max() <= 5e-2 * want.abs().max()

@@ -252,11 +252,12 @@ class DFGATConv(MessagePassing):
                                   x_src.device, loops)
 
         # Node-level attention terms; the op adds them per edge:
-        alpha_src = node_scores(x_src, self.att_src)
+        degree = structure.graph.num_edges / max(num_dst, 1)
+        alpha_src = node_scores(x_src, self.att_src, degree)
         if x_dst is None:
             alpha_dst = alpha_src.new_zeros(num_dst, H)
         else:
-            alpha_dst = node_scores(x_dst, self.att_dst)
+            alpha_dst = node_scores(x_dst, self.att_dst, degree)
 
         edge_score: Optional[Tensor] = None
         if edge_attr is not None and self.lin_edge is not None:

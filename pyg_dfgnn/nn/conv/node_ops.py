@@ -8,8 +8,13 @@ backward forms ``d att`` as a reduction over the N rows of another [N, H, C]
 product (PyTorch's ``reduce_kernel``, ~0.1 ms per [94K, 128] fp32, a fifth
 of the bandwidth). As ``x @ A``, with ``A`` the block-diagonal [H * C, H]
 matrix of ``att``, the forward is one pass over ``x`` and the backward two
-GEMMs (session 14: the step's GPU time 1.20 -> 0.78 ms on zinc-like fp32).
-Same values up to the order of the sums.
+GEMMs. Measured in one process (scripts/ab_node_scores.py, H100, module
+fwd+bwd): fp32 faster on every graph (cluster-like GATConv 2.13 -> 1.67 ms,
+zinc-like 1.22 -> 0.88-1.22); bf16 faster where the attention keeps the GPU
+busy (cluster-like 1.62 -> 1.22) but slower on sparse batches whose step is
+host- and latency-bound (zinc-like heads=8 0.95 -> 1.18: the K = N GEMMs of
+the backward), so half precision keeps the product-and-sum form below a
+mean in-degree of 16. Same values up to the order of the sums.
 """
 from typing import Dict, Tuple
 
@@ -17,6 +22,8 @@ import torch
 from torch import Tensor
 
 _masks: Dict[Tuple, Tensor] = {}
+
+HALF_MIN_MEAN_DEGREE = 16  # fp16 / bf16: the GEMM form from this density
 
 
 def _block_mask(heads: int, channels: int, like: Tensor) -> Tensor:
@@ -33,9 +40,13 @@ def _block_mask(heads: int, channels: int, like: Tensor) -> Tensor:
     return mask
 
 
-def node_scores(x: Tensor, att: Tensor) -> Tensor:
-    """``(x * att).sum(-1)`` for ``x`` [N, H, C] and ``att`` [1, H, C]."""
+def node_scores(x: Tensor, att: Tensor, mean_degree: float) -> Tensor:
+    """``(x * att).sum(-1)`` for ``x`` [N, H, C] and ``att`` [1, H, C], on a
+    graph of ``mean_degree`` edges per destination."""
     N, H, C = x.shape
+    if (x.dtype in (torch.float16, torch.bfloat16)
+            and mean_degree < HALF_MIN_MEAN_DEGREE):
+        return (x * att).sum(dim=-1)
     att = att.to(x.dtype)
     if H == 1:
         return x.reshape(N, C) @ att.reshape(C, 1)
