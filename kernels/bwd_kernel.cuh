@@ -13,7 +13,7 @@ namespace bwd {
 // or kPlainOwners consecutive owners. With stage_span > 0 a window whose
 // neighbours [lo, hi] number <= stage_span has their rows staged in shared
 // memory once (reused by every edge of the window).
-template <typename T, typename I, int KIND, bool VEC, bool COLS, bool FEAT,
+template <typename T, typename I, int KIND, bool VEC, bool COLS, int FEAT,
           bool LEAN>
 __global__ void __launch_bounds__(kMaxThreads)
     bwd_kernel(BwdArgs<T, I> a, const int64_t* __restrict__ windows,

@@ -54,7 +54,7 @@ namespace detail {
 
 // One pass's launch: staged windows when given (and the layout fits), else
 // plain blocks; warps halved while the per-warp scratch does not fit.
-template <typename T, typename I, int KIND, bool VEC, bool COLS, bool FEAT,
+template <typename T, typename I, int KIND, bool VEC, bool COLS, int FEAT,
           bool LEAN>
 void launch(const BwdArgs<T, I>& args, const at::Tensor& ptr,
             int64_t n_edges, int64_t max_degree, const at::Tensor& windows,
@@ -147,7 +147,7 @@ void launch(const BwdArgs<T, I>& args, const at::Tensor& ptr,
 
 // A pass for short owners (bwd_short_kernel.cuh): a warp per owner.
 // (instantiated only where it can be taken: the plain vector kernels)
-template <typename T, typename I, int KIND, bool VEC, bool FEAT, bool COLS>
+template <typename T, typename I, int KIND, bool VEC, int FEAT, bool COLS>
 void launch_short(const BwdArgs<T, I>& a) {
   if constexpr (KIND != kGatv2 && VEC && !FEAT) {
     constexpr int VW = Vec<T>::kWidth;
@@ -169,7 +169,7 @@ inline double store_limit_bytes() {
   return mb * 1024.0 * 1024.0;
 }
 
-template <typename T, typename I, int KIND, bool VEC, bool FEAT>
+template <typename T, typename I, int KIND, bool VEC, int FEAT>
 void run_passes(Args& A, int optin) {
   const int64_t n_dst = A.rowptr.size(0) - 1, n_src = A.colptr.size(0) - 1;
   const int64_t E = A.col.numel();
@@ -291,10 +291,12 @@ template <typename T, int KIND> void run_bwd_kind(Args& A, int optin,
                                                   bool vec) {
   PYG_DFGNN_DISPATCH_INDEX(A.col.scalar_type(), "fused_attention_bwd", [&] {
     PYG_DFGNN_DISPATCH_BOOL(vec, VEC, [&] {
-      const bool feat = A.edge_score.defined() || A.edge_key.defined() ||
-                        A.edge_value.defined() || A.grad_alpha.defined() ||
-                        A.drop.active;
-      PYG_DFGNN_DISPATCH_BOOL(feat, FEAT, [&] {
+      // feature level (training_features.cuh): 1 = the edge score alone
+      const bool other = A.edge_key.defined() || A.edge_value.defined() ||
+                         A.grad_alpha.defined() || A.drop.active;
+      const int level = other ? kFeatAll
+                        : A.edge_score.defined() ? kFeatScore : kFeatNone;
+      PYG_DFGNN_DISPATCH_FEAT(level, KIND == kAdd, FEAT, [&] {
         detail::run_passes<T, index_t, KIND, VEC, FEAT>(A, optin);
       });
     });

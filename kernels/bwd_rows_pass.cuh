@@ -9,7 +9,7 @@ namespace bwd {
 // Owners = destination rows [r_begin, r_end) taken from `next`; K / V rows
 // of source j at kb + (j - lo) * HD_k, vb + (j - lo) * HF.
 template <typename T, typename I, int KIND, int VW, int SLOTS, typename OFF,
-          bool FEAT>
+          int FEAT>
 __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
                                           const WarpScratch& w, int* next,
                                           int64_t r_begin, int64_t r_end,
@@ -100,12 +100,12 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
                 ps[u] = score_part<KIND, T, VW>(
                     w.own + h * D, kb + jr * HD_k + h * D, att + h * D, D,
                     lg * VW, G * VW, a.slope,
-                    (FEAT && a.et.ek != nullptr) ? a.et.ek + (cb + e) * HD_k + h * D
+                    (FEAT == kFeatAll && a.et.ek != nullptr) ? a.et.ek + (cb + e) * HD_k + h * D
                                        : nullptr);
               pd[u] = score_part<kDot, T, VW>(
                   w.own2 + h * F, vb + jr * HF + h * F, nullptr, F, lg * VW,
                   G * VW, 0.f,
-                  (FEAT && a.et.ev != nullptr) ? a.et.ev + (cb + e) * HF + h * F
+                  (FEAT == kFeatAll && a.et.ev != nullptr) ? a.et.ev + (cb + e) * HF + h * F
                                      : nullptr);
             }
           }
@@ -133,7 +133,7 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
               // (+ the returned weights' own gradient)
               const float f = drop_factor<FEAT>(a.drop, seed, offset, cb + e, h);
               float dpe = f * dp;
-              if ((FEAT && a.galpha != nullptr)) {
+              if ((FEAT == kFeatAll && a.galpha != nullptr)) {
                 const int64_t ea = a.aperm != nullptr
                                        ? (int64_t)a.aperm[cb + e] : cb + e;
                 dpe = fmaf(to_float(a.galpha[ea * H + h]),
@@ -173,7 +173,7 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
                 float x[VW];  // k_j + ek_ij
 #pragma unroll
                 for (int i = 0; i < VW; ++i) x[i] = xk[i];
-                if ((FEAT && a.et.ek != nullptr))
+                if ((FEAT == kFeatAll && a.et.ek != nullptr))
                   add_vec<T, VW>(a.et.ek + (cb + e) * HD_k + sl * VW, x);
                 if constexpr (KIND == kDot) {
 #pragma unroll

@@ -35,6 +35,15 @@ struct Launch {
     return edge_score.defined() || edge_key.defined() ||
            edge_value.defined() || alpha.defined() || drop.active;
   }
+  // the kernels' feature level (training_features.cuh): 1 = the edge
+  // score alone
+  int feature_level() const {
+    if (!features()) return kFeatNone;
+    return edge_key.defined() || edge_value.defined() || alpha.defined() ||
+                   drop.active
+               ? kFeatAll
+               : kFeatScore;
+  }
   int64_t kind, n_dst, n_edges, max_in_degree;
   int64_t H, D, F;
   int qk_group, v_group, device_optin;
@@ -158,7 +167,7 @@ void run_smmf(const Launch& L) {
     auto a = make_args<scalar_t, index_t, VEC>(L);
     if (scores.defined()) a.scores = scores.data_ptr<float>();
     PYG_DFGNN_DISPATCH_KIND(L.kind, [&] {
-     PYG_DFGNN_DISPATCH_BOOL(L.features(), FEAT, [&] {
+     PYG_DFGNN_DISPATCH_FEAT(L.feature_level(), KIND == kAdd, FEAT, [&] {
       auto kernel = smmf_fwd_kernel<scalar_t, KIND, VEC, FEAT>;
       allow_smem(kernel, bytes);
       kernel<<<(unsigned)blocks, warps * kWarpSize, bytes, stream>>>(
@@ -209,7 +218,7 @@ void run_pmf(const Launch& L) {
         const int64_t warps = (items + items_per_warp - 1) / items_per_warp;
         const int64_t blocks = (warps + kWarps - 1) / kWarps;
         PYG_DFGNN_DISPATCH_KIND(L.kind, [&] {
-         PYG_DFGNN_DISPATCH_BOOL(L.features(), FEAT, [&] {
+         PYG_DFGNN_DISPATCH_FEAT(L.feature_level(), false, FEAT, [&] {
           pmf_sddmm_kernel<scalar_t, index_t, KIND, VEC, FEAT>
               <<<(unsigned)blocks, kThreads, 0, stream>>>(
                   a, scores.data_ptr<float>(), items_per_warp);
@@ -217,7 +226,7 @@ void run_pmf(const Launch& L) {
          });
         });
       }
-     PYG_DFGNN_DISPATCH_BOOL(L.features(), FEAT, [&] {
+     PYG_DFGNN_DISPATCH_FEAT(L.feature_level(), false, FEAT, [&] {
       PYG_DFGNN_DISPATCH_BOOL(add_scores, ADD_SCORES, [&] {
       auto kernel =
           pmf_softmax_spmm_kernel<scalar_t, index_t, VEC, FEAT, ADD_SCORES>;

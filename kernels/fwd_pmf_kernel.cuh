@@ -10,7 +10,7 @@ namespace pyg_dfgnn {
 namespace fwd {
 
 // a. edge-parallel SDDMM: scores[e, h] for all edges.
-template <typename T, typename I, int KIND, bool VEC, bool FEAT>
+template <typename T, typename I, int KIND, bool VEC, int FEAT>
 __global__ void __launch_bounds__(kThreads)
     pmf_sddmm_kernel(FwdArgs<T, I> a, float* __restrict__ scores,
                      int64_t items_per_warp) {
@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(kThreads)
           acc[u] = score_part_global<KIND, T, VW>(
               a.q + r * HD + (int64_t)h * D, a.k + j * HD + (int64_t)h * D,
               a.att + (int64_t)h * D, D, lg * VW, G * VW, a.slope,
-              (FEAT && a.et.ek != nullptr) ? a.et.ek + it * D : nullptr);
+              (FEAT == kFeatAll && a.et.ek != nullptr) ? a.et.ek + it * D : nullptr);
         }
       }
     }
@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(kThreads)
 // b. softmax + SpMM, a warp per segment. ADD_SCORES: 'add' scores computed
 // here (a scalar op per edge and head, the same as the SDDMM's) instead of
 // read from an [E, H] buffer that then never exists.
-template <typename T, typename I, bool VEC, bool FEAT, bool ADD_SCORES>
+template <typename T, typename I, bool VEC, int FEAT, bool ADD_SCORES>
 __global__ void __launch_bounds__(kThreads)
     pmf_softmax_spmm_kernel(FwdArgs<T, I> a, const float* __restrict__ scores,
                             const int64_t* __restrict__ seg_ptr,
@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(kThreads)
       __syncwarp();
       spmm_accumulate<T, VW, SLOTS>(acc, slots, c0, group, ls, sub, 0, tn, hs,
                                     v_row, get_p);
-      if ((FEAT && a.et.ev != nullptr))
+      if ((FEAT == kFeatAll && a.et.ev != nullptr))
         spmm_accumulate<T, VW, SLOTS>(
             acc, slots, c0, group, ls, sub, 0, tn, hs,
             [&](int e) -> const T* { return a.et.ev + (es + t0 + e) * HF; },

@@ -45,7 +45,7 @@ struct SmmfWarp {
 // SDDMM -> online softmax -> SpMM. K / V rows of source j are at
 // kb + (j - lo) * HD_k and vb + (j - lo) * H*F: shared memory for a staged
 // window (OFF = int), global memory otherwise (OFF = int64_t, lo = 0).
-template <typename T, int KIND, int VW, int SLOTS, typename OFF, bool FEAT>
+template <typename T, int KIND, int VW, int SLOTS, typename OFF, int FEAT>
 __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
                                           const SmmfWarp& w, int* next,
                                           int64_t r_begin, int64_t r_end,
@@ -96,7 +96,7 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
         // SDDMM over the chunk's (edge, head) items, two per group in flight
         const int n_items = n * H;
         // raw scores for the attention weights: first feature pass only
-        float* sc_out = c0 == 0 && (FEAT && a.scores != nullptr) ? a.scores + cb * H
+        float* sc_out = c0 == 0 && (FEAT == kFeatAll && a.scores != nullptr) ? a.scores + cb * H
                                                        : nullptr;
         if constexpr (KIND == kAdd) {
           for (int it = lane; it < n_items; it += kWarpSize) {
@@ -124,7 +124,7 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
                 part[u] = score_part<KIND, T, VW>(
                     w.q + h * D, kb + (OFF)w.j[e] * HD_k + h * D, att + h * D,
                     D, lg * VW, G * VW, a.slope,
-                    (FEAT && a.et.ek != nullptr) ? a.et.ek + (cb + e) * HD_k + h * D
+                    (FEAT == kFeatAll && a.et.ek != nullptr) ? a.et.ek + (cb + e) * HD_k + h * D
                                        : nullptr);
               }
             }
@@ -172,7 +172,7 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
         }
         spmm_accumulate<T, VW, SLOTS>(acc, slots, c0, group, ls, sub, 0, n, hs,
                                       v_row, get_p);
-        if ((FEAT && a.et.ev != nullptr))  // the edges' value terms: rows in CSR order
+        if ((FEAT == kFeatAll && a.et.ev != nullptr))  // the edges' value terms: rows in CSR order
           spmm_accumulate<T, VW, SLOTS>(
               acc, slots, c0, group, ls, sub, 0, n, hs,
               [&](int e) -> const T* { return a.et.ev + (cb + e) * HF; },
@@ -208,7 +208,7 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
 // graph's rows are reused by ~41 edges each); wider windows read global
 // memory. Rows go to warps dynamically (smmf_rows). Any degree fits: nothing
 // is sized by the row length.
-template <typename T, int KIND, bool VEC, bool FEAT>
+template <typename T, int KIND, bool VEC, int FEAT>
 __global__ void __launch_bounds__(kSmmfMaxThreads)
     smmf_fwd_kernel(FwdArgs<T, int32_t> a, const int64_t* __restrict__ windows,
                     int rows_per_block, int stage_span) {

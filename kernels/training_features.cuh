@@ -87,19 +87,25 @@ struct DropoutMask {
   }
 };
 
-// The mask in kernels instantiated with or without the training features
-// (FEAT = false compiles the plain path without them: no cost at all).
-template <bool FEAT>
+// The levels of training features a kernel is instantiated with (template
+// int FEAT): none (the plain path, no cost at all), the edge score alone
+// (GAT's edge term with nothing else on: 'add' kernels only, whose feature
+// code -- dropout's Philox, the weights' gradient, edge keys / values --
+// cost them registers and 0.19 ms of gat-edge's backward rows pass), all.
+constexpr int kFeatNone = 0, kFeatScore = 1, kFeatAll = 2;
+
+// The mask in kernels instantiated with or without dropout.
+template <int FEAT>
 __device__ __forceinline__ void drop_begin(const DropoutMask& d,
                                            uint64_t& seed, uint64_t& offset) {
   seed = offset = 0;
-  if constexpr (FEAT) d.begin(seed, offset);
+  if constexpr (FEAT == kFeatAll) d.begin(seed, offset);
 }
-template <bool FEAT>
+template <int FEAT>
 __device__ __forceinline__ float drop_factor(const DropoutMask& d,
                                              uint64_t seed, uint64_t offset,
                                              int64_t e, int h) {
-  if constexpr (FEAT) return d.factor(seed, offset, e, h);
+  if constexpr (FEAT == kFeatAll) return d.factor(seed, offset, e, h);
   return 1.f;
 }
 

@@ -262,3 +262,33 @@ def test_weights_only_gradient():
     ref = grads_of(ref_alpha.square().sum(), t64)
     for name, g in got.items():
         assert rel_err(g, ref[name]) <= 1e-4, name
+
+
+@pytest.mark.parametrize('dropout,attention,level', [
+    (0.0, False, 1), (0.3, False, 2), (0.0, True, 2)])
+def test_feature_level_of_gat_edge_kernels(dropout, attention, level):
+    """GAT's edge term alone runs the kernels instantiated with the edge
+    score only (training_features.cuh's level 1: no dropout / weights /
+    edge key-value code); anything more, the full feature kernels."""
+    _cuda()
+    from pyg_dfgnn.nn import DFGATConv
+    gen = torch.Generator().manual_seed(7)
+    n = 600  # small graphs: SMMF, not the short-row path (features on)
+    dst = torch.arange(n).repeat_interleave(8)
+    src = dst - dst % 20 + torch.randint(0, 20, (n * 8, ), generator=gen)
+    ei = torch.stack([src, dst]).cuda()
+    conv = DFGATConv(16, 8, heads=2, edge_dim=4, dropout=dropout).cuda()
+    x = torch.randn(n, 16, device='cuda', requires_grad=True)
+    ea = torch.randn(ei.size(1), 4, device='cuda', requires_grad=True)
+    with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out = conv(x, ei, ea, return_attention_weights=attention or None)
+        out = out[0] if attention else out
+        out.sum().backward()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events()]
+    fwd = [m for m in names if 'smmf_fwd_kernel<float, 1,' in m]
+    bwd = [m for m in names if 'bwd::bwd_kernel<float, int, 1,' in m]
+    assert fwd and all(m.split('(')[0].endswith(f', {level}>') for m in fwd)
+    assert len(bwd) == 2 and all(
+        f', {level}, false>' in m.split('(')[0] for m in bwd), bwd
