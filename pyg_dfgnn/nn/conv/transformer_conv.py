@@ -304,8 +304,10 @@ class DFTransformerConv(MessagePassing):
             edge_score=edge_score, dropout=self.dropout,
             training=self.training, return_attention=True)
         edge_msg = edge_attr_sums(emap, edge_attr, alpha)
-        out = out + (edge_msg.reshape(n_dst, H * dim) @ weight.t()).view(
-            n_dst, H, C)
+        # out + Theta_e S_i accumulated by the GEMM itself (no extra pass)
+        out = torch.addmm(out.reshape(n_dst, H * C),
+                          edge_msg.reshape(n_dst, H * dim),
+                          weight.t()).view(n_dst, H, C)
         return out, alpha
 
     def __repr__(self) -> str:
