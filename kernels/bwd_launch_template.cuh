@@ -148,10 +148,9 @@ void launch(const BwdArgs<T, I>& args, const at::Tensor& ptr,
 // A pass for short owners (bwd_short_kernel.cuh): a warp per owner.
 // (instantiated only where it can be taken: the plain vector kernels)
 template <typename T, typename I, int KIND, bool VEC, int FEAT, bool COLS>
-void launch_short(const BwdArgs<T, I>& a) {
+void launch_short(const BwdArgs<T, I>& a, int lanes) {
   if constexpr (KIND != kGatv2 && VEC && !FEAT) {
     constexpr int VW = Vec<T>::kWidth;
-    const int lanes = short_lanes((int64_t)a.H * a.F, VW);
     const int64_t blocks = short_blocks(a.n_owner, lanes, kShortThreads);
     if (blocks <= 0) return;
     auto kernel = COLS ? short_cols_bwd_kernel<T, I, KIND, VW>
@@ -229,7 +228,7 @@ void run_passes(Args& A, int optin) {
   r.n_owner = n_dst;
   r.group = std::min(32, next_pow2(std::max(1, slots_k)));
   if (short_rows)
-    launch_short<T, I, KIND, VEC, FEAT, false>(r);
+    launch_short<T, I, KIND, VEC, FEAT, false>(r, lanes);
   else
     launch<T, I, KIND, VEC, false, FEAT, false>(
         r, A.rowptr, E, A.max_in_degree, A.windows, A.stage_nodes, optin,
@@ -253,7 +252,7 @@ void run_passes(Args& A, int optin) {
   c.group = std::min(32, next_pow2(slots_k + slots_v));
   at::Tensor att_part;
   if (short_cols) {
-    launch_short<T, I, KIND, VEC, FEAT, true>(c);
+    launch_short<T, I, KIND, VEC, FEAT, true>(c, lanes);
     return;
   }
   PYG_DFGNN_DISPATCH_BOOL(lean, LEAN, [&] {
@@ -291,11 +290,10 @@ template <typename T, int KIND> void run_bwd_kind(Args& A, int optin,
                                                   bool vec) {
   PYG_DFGNN_DISPATCH_INDEX(A.col.scalar_type(), "fused_attention_bwd", [&] {
     PYG_DFGNN_DISPATCH_BOOL(vec, VEC, [&] {
-      // feature level (training_features.cuh): 1 = the edge score alone
-      const bool other = A.edge_key.defined() || A.edge_value.defined() ||
-                         A.grad_alpha.defined() || A.drop.active;
-      const int level = other ? kFeatAll
-                        : A.edge_score.defined() ? kFeatScore : kFeatNone;
+      const int level = feature_level(
+          A.edge_score.defined(), A.edge_key.defined() ||
+                                      A.edge_value.defined() ||
+                                      A.grad_alpha.defined() || A.drop.active);
       PYG_DFGNN_DISPATCH_FEAT(level, KIND == kAdd, FEAT, [&] {
         detail::run_passes<T, index_t, KIND, VEC, FEAT>(A, optin);
       });

@@ -12,8 +12,8 @@
 //     'add' from the packed flag), dK_j = sum ds g, dV_j = sum p dO_i.
 // Plain path (no training features) with ebuf stored (not lean); 'dot'
 // (D = F) and 'add'. Scores are formed as the short-row forward forms them
-// (same products, same shuffles), so a one-edge row's p is exactly 1 and
-// its dQ exactly 0 when the forward took that kernel too.
+// (head_dot: same products, same shuffles), so a one-edge row's p is
+// exactly 1 and its dQ exactly 0 when the forward took that kernel too.
 #pragma once
 
 #include "bwd_common.cuh"
@@ -78,19 +78,13 @@ __global__ void __launch_bounds__(kShortThreads)
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       if constexpr (KIND == kDot) {
-        float x = 0.f;
-#pragma unroll
-        for (int i = 0; i < VW; ++i) x = fmaf(q[i], k[u][i], x);
-        s[u] = group_sum(x, G) * a.scale;
+        s[u] = head_dot<VW>(q, k[u], G) * a.scale;
       } else {
         const float z = qh + kh[u];
         s[u] = leaky_relu(z, a.slope);
         gz[u] = leaky_relu_grad(z, a.slope);
       }
-      float y = 0.f;
-#pragma unroll
-      for (int i = 0; i < VW; ++i) y = fmaf(dout[i], v[u][i], y);
-      dp[u] = group_sum(y, G);
+      dp[u] = head_dot<VW>(dout, v[u], G);
     }
     if (!one) continue;  // (this row is done; the shuffles above ran)
 #pragma unroll

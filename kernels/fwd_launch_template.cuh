@@ -6,8 +6,6 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include <cstdlib>
-
 #include "dispatch.cuh"
 #include "fwd_alpha_kernel.cuh"
 #include "fwd_common.cuh"
@@ -30,20 +28,14 @@ struct Launch {
   at::Tensor alpha_perm;  // CSR edge -> row of alpha (undefined: identity)
   bool alpha_dropped;     // alpha after dropout (GAT) or before
   DropoutMask drop;
-  // any of the above: the kernels instantiated with the features
-  bool features() const {
-    return edge_score.defined() || edge_key.defined() ||
-           edge_value.defined() || alpha.defined() || drop.active;
-  }
-  // the kernels' feature level (training_features.cuh): 1 = the edge
-  // score alone
+  // the level of the above the kernels are instantiated with
+  // (training_features.cuh); any: the features
   int feature_level() const {
-    if (!features()) return kFeatNone;
-    return edge_key.defined() || edge_value.defined() || alpha.defined() ||
-                   drop.active
-               ? kFeatAll
-               : kFeatScore;
+    return pyg_dfgnn::feature_level(
+        edge_score.defined(), edge_key.defined() || edge_value.defined() ||
+                                  alpha.defined() || drop.active);
   }
+  bool features() const { return feature_level() != kFeatNone; }
   int64_t kind, n_dst, n_edges, max_in_degree;
   int64_t H, D, F;
   int qk_group, v_group, device_optin;

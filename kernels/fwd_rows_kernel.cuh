@@ -37,10 +37,7 @@ __global__ void __launch_bounds__(kThreads)
   // every lane of the warp takes part in the shuffles)
   auto score = [&](int64_t j, const float (&k)[VW]) -> float {
     if constexpr (KIND == kDot) {
-      float s = 0.f;
-#pragma unroll
-      for (int i = 0; i < VW; ++i) s = fmaf(q[i], k[i], s);
-      return group_sum(s, G) * a.scale;
+      return head_dot<VW>(q, k, G) * a.scale;
     } else {
       return leaky_relu(qh + to_float(a.k[j * H + h]), a.slope);
     }

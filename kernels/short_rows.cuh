@@ -92,6 +92,18 @@ __device__ __forceinline__ OwnerLane owner_lane(int lanes, int64_t n_owner,
   return o;
 }
 
+// <x, y> over this lane's VW elements summed over the head's G lanes (the
+// forward's and the backward's scores are the same operations); every lane
+// of the warp calls it.
+template <int VW>
+__device__ __forceinline__ float head_dot(const float (&x)[VW],
+                                          const float (&y)[VW], int G) {
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < VW; ++i) s = fmaf(x[i], y[i], s);
+  return group_sum(s, G);
+}
+
 // Owners of one block of `threads` (kWarpSize / lanes per warp).
 inline int64_t short_blocks(int64_t n_owner, int lanes, int threads) {
   const int64_t per_block = (int64_t)(threads / kWarpSize) * (kWarpSize / lanes);

@@ -93,6 +93,12 @@ struct DropoutMask {
 // code -- dropout's Philox, the weights' gradient, edge keys / values --
 // cost them registers and 0.19 ms of gat-edge's backward rows pass), all.
 constexpr int kFeatNone = 0, kFeatScore = 1, kFeatAll = 2;
+// Host: a call's level from what it has on (`other`: anything beside the
+// edge score -- dropout, attention weights or their gradient, edge key /
+// value).
+inline int feature_level(bool edge_score, bool other) {
+  return other ? kFeatAll : edge_score ? kFeatScore : kFeatNone;
+}
 
 // The mask in kernels instantiated with or without dropout.
 template <int FEAT>

@@ -193,15 +193,13 @@ class EdgeStructure:
             self._check_fill_in_range(adj, fill)
         index = self._take_maps('attr', self._attr_index(adj),
                                 self.num_input_edges + self.loops)[0]
-        unused = self._keep_index(adj).numel() < self.num_input_edges
-        unused_index = None
-        if unused:  # the user's self-loops, replaced by the filled ones
+        unused_index = None  # the user's self-loops, replaced by the fill
+        if self._keep_index(adj).numel() < self.num_input_edges:
             ei = _plain_edge_index(adj)
             with _cached_tensors():
                 unused_index = (ei[0] == ei[1]).nonzero().view(-1)
         return EdgeAttrMap(g.rowptr, index, g.num_edges,
-                           self.num_input_edges, fill, None, unused,
-                           unused_index)
+                           self.num_input_edges, fill, None, unused_index)
 
     def _check_edge_attr(self, edge_attr: Tensor) -> None:
         if not isinstance(edge_attr, Tensor):
