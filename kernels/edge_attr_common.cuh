@@ -27,17 +27,12 @@ struct Args {
   T* __restrict__ dots;               // [E, H]
   float* __restrict__ sums;           // [rows, H, De]
   T* __restrict__ scatter;            // [n_in, De]
+  const int64_t* __restrict__ loop_pos;  // [rows]: loop entry, -1 (fill != 0)
+  const int32_t* __restrict__ edge_row;  // [E]: each edge's row (fill != 0)
   int64_t n_rows, n_in, n_edges, m_stride;
   int H, De, fill;
   bool vec;  // De % kVW == 0: x rows in vectors of kVW
 };
-
-__device__ __forceinline__ int64_t warp_max_i64(int64_t v) {
-#pragma unroll
-  for (int o = kWarpSize / 2; o > 0; o >>= 1)
-    v = max(v, (int64_t)__shfl_xor_sync(kFullMask, (long long)v, o));
-  return v;
-}
 
 // dots (acc[h] = <M_h, x>) and scatter (g = sum_h wv[h] M_h) of one x row,
 // VW elements at a time; M in shared memory.
@@ -97,16 +92,11 @@ __device__ __forceinline__ float loop_share(int fill, int64_t count) {
   return fill == 1 ? (count > 0 ? 1.f / (float)count : 0.f) : 1.f;
 }
 
-// The self-loop entry of CSR row [lo, hi) (index >= n_in; at most one per
-// row), -1 if none; the same on every lane of the warp.
+// The self-loop entry of CSR row `row` (at most one per row), -1 if none:
+// from the map's loop_pos (built once per graph), not a scan of the row.
 template <typename T>
-__device__ __forceinline__ int64_t row_loop(const Args<T>& a, int64_t lo,
-                                            int64_t hi, int lane) {
-  int64_t loop_p = -1;
-  if (a.fill != 0 && a.index != nullptr)
-    for (int64_t p = lo + lane; p < hi; p += kWarpSize)
-      if (a.index[p] >= a.n_in) loop_p = p;
-  return warp_max_i64(loop_p);
+__device__ __forceinline__ int64_t row_loop(const Args<T>& a, int64_t row) {
+  return a.fill != 0 ? a.loop_pos[row] : -1;
 }
 
 // The start of row `row` in the row kernels (one warp): M_i into the
@@ -126,7 +116,7 @@ __device__ __forceinline__ RowStart begin_row(const Args<T>& a, int64_t row,
       m[i] = to_float(a.m[row * a.m_stride + i]);
   RowStart rs;
   rs.lo = a.rowptr[row], rs.hi = a.rowptr[row + 1];
-  rs.loop_p = row_loop(a, rs.lo, rs.hi, lane);
+  rs.loop_p = row_loop(a, row);
   const int64_t count = rs.hi - rs.lo - (rs.loop_p >= 0 ? 1 : 0);
   // fill 1: the loop's x is the mean of `count` rows; fill 2: their sum
   rs.share = loop_share(a.fill, count);

@@ -204,18 +204,13 @@ void run_shared_mat(edge_rows::Args<T> a,
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
     if (!sums && a.scatter == nullptr) return;
-    at::Tensor loop_w, edge_row;
+    at::Tensor loop_w;
     const bool handed = a.fill == 1 || a.fill == 2;
     if (handed || (a.fill == 3 && sums)) {
       loop_w = at::empty({a.n_rows, H}, fopts);
-      if (handed) {
-        TORCH_CHECK(a.n_rows <= std::numeric_limits<int32_t>::max(),
-                    "edge_attr_rows: more than 2^31 - 1 rows");
-        edge_row = at::empty({a.n_edges}, fopts.dtype(at::kInt));
-      }
-      loop_weights_kernel<T><<<row_blocks, kThreads, 0, stream>>>(
-          a, loop_w.data_ptr<float>(),
-          handed ? edge_row.data_ptr<int32_t>() : nullptr);
+      loop_weights_kernel<T>
+          <<<(unsigned)((a.n_rows + kThreads - 1) / kThreads), kThreads, 0,
+             stream>>>(a, loop_w.data_ptr<float>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
     // persistent blocks (a few per SM): one d M partial each
@@ -229,7 +224,6 @@ void run_shared_mat(edge_rows::Args<T> a,
     if (grad_blocks > 0) {
       shared_grad_kernel<T, MAXH><<<grad_blocks, kEdgeThreads, 0, stream>>>(
           a, handed ? loop_w.data_ptr<float>() : nullptr,
-          handed ? edge_row.data_ptr<int32_t>() : nullptr,
           sums ? partial.data_ptr<float>() : nullptr);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
@@ -247,7 +241,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> edge_attr_rows_cuda(
     const c10::optional<at::Tensor>& fill_row_opt,
     const c10::optional<at::Tensor>& node_mat_opt,
     const c10::optional<at::Tensor>& edge_weight_opt, bool dots, bool sums,
-    bool scatter, bool scatter_zero) {
+    bool scatter, const c10::optional<at::Tensor>& loop_pos_opt,
+    const c10::optional<at::Tensor>& edge_row_opt) {
   TORCH_CHECK(edge_attr.is_cuda(), "edge_attr_rows: 'edge_attr' must be a "
               "CUDA tensor");
   const at::Device dev = edge_attr.device();
@@ -298,6 +293,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> edge_attr_rows_cuda(
   TORCH_CHECK(fill != 3 || (fr.defined() && fr.numel() == De &&
                             fr.scalar_type() == dtype),
               "edge_attr_rows: fill 3 needs 'fill_row' [De]");
+  const at::Tensor loop_pos = optional_input(loop_pos_opt, "loop_pos", dev);
+  const at::Tensor edge_row = optional_input(edge_row_opt, "edge_row", dev);
+  TORCH_CHECK(fill == 0 || (loop_pos.defined() &&
+                            loop_pos.scalar_type() == at::kLong &&
+                            loop_pos.numel() == n_rows),
+              "edge_attr_rows: a fill needs 'loop_pos' (int64 [N])");
+  TORCH_CHECK(fill == 0 || (edge_row.defined() &&
+                            edge_row.scalar_type() == at::kInt &&
+                            edge_row.numel() == num_edges),
+              "edge_attr_rows: a fill needs 'edge_row' (int32 [num_edges])");
   TORCH_CHECK(!dots || m.defined(), "edge_attr_rows: dots need 'node_mat'");
   TORCH_CHECK(!sums || w.defined(), "edge_attr_rows: sums need 'edge_weight'");
   TORCH_CHECK(!scatter || (m.defined() && w.defined()),
@@ -308,10 +313,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> edge_attr_rows_cuda(
   const bool shared = m.defined() && m.size(0) == 1;
   at::Tensor out_sums = at::empty({sums ? (shared ? 1 : n_rows) : 0, H, De},
                                   opts.dtype(at::kFloat));
-  at::Tensor out_scatter =
-      scatter ? (scatter_zero ? at::zeros({n_in, De}, opts)
-                              : at::empty({n_in, De}, opts))
-              : at::empty({0, De}, opts);
+  at::Tensor out_scatter = at::empty({scatter ? n_in : 0, De}, opts);
   if (n_rows == 0 || (!dots && !sums && !scatter)) {
     if (sums) out_sums.zero_();
     return {out_dots, out_sums, out_scatter};
@@ -331,6 +333,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> edge_attr_rows_cuda(
         a.dots = dots ? out_dots.data_ptr<scalar_t>() : nullptr;
         a.sums = sums ? out_sums.data_ptr<float>() : nullptr;
         a.scatter = scatter ? out_scatter.data_ptr<scalar_t>() : nullptr;
+        a.loop_pos = fill != 0 ? loop_pos.data_ptr<int64_t>() : nullptr;
+        a.edge_row = fill != 0 ? edge_row.data_ptr<int32_t>() : nullptr;
         a.n_rows = n_rows, a.n_in = n_in, a.n_edges = num_edges;
         a.m_stride = m.defined() && m.size(0) == n_rows ? H * De : 0;
         a.H = (int)H, a.De = (int)De, a.fill = (int)fill;

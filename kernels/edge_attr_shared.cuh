@@ -56,7 +56,9 @@ __global__ void __launch_bounds__(kEdgeThreads)
     a.dots[p0 * H + i] = from_float<T>(s_out[i]);
 }
 
-// The loops' dots (after shared_dots_kernel): warp per row.
+// The loops' dots (after shared_dots_kernel): warp per row. The row's sum
+// takes every entry (shared_dots_kernel left the loop's at 0), so the dots'
+// loads do not wait for the loop's position.
 template <typename T, int MAXH>
 __global__ void __launch_bounds__(kThreads) loop_dots_kernel(Args<T> a) {
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
@@ -64,7 +66,7 @@ __global__ void __launch_bounds__(kThreads) loop_dots_kernel(Args<T> a) {
   if (row >= a.n_rows) return;
   const int H = a.H, De = a.De;
   const int64_t lo = a.rowptr[row], hi = a.rowptr[row + 1];
-  const int64_t loop_p = row_loop(a, lo, hi, lane);
+  const int64_t loop_p = row_loop(a, row);
   if (loop_p < 0) return;
   if (a.fill == 3) {
     for (int h = lane; h < H; h += kWarpSize) {
@@ -75,13 +77,11 @@ __global__ void __launch_bounds__(kThreads) loop_dots_kernel(Args<T> a) {
     }
     return;
   }
-  const int64_t count = hi - lo - 1;
-  const float share = loop_share(a.fill, count);
+  const float share = loop_share(a.fill, hi - lo - 1);
   float acc[MAXH];
 #pragma unroll
   for (int h = 0; h < MAXH; ++h) acc[h] = 0.f;
   for (int64_t p = lo + lane; p < hi; p += kWarpSize) {
-    if (p == loop_p) continue;
 #pragma unroll
     for (int h = 0; h < MAXH; ++h)
       if (h < H) acc[h] += to_float(a.dots[p * H + h]);
@@ -96,23 +96,16 @@ __global__ void __launch_bounds__(kThreads) loop_dots_kernel(Args<T> a) {
 
 // Per row, the weight of its loop: handed to the row's other edges (fill 1
 // / 2: w[loop] * share) or kept for d M with the fill row (fill 3); 0
-// without a loop. Warp per row; out [rows, H]; with edge_row, also each
-// edge's row (shared_grad_kernel's edges find their handed weight by it).
+// without a loop. Thread per row; out [rows, H].
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    loop_weights_kernel(Args<T> a, float* __restrict__ out,
-                        int32_t* __restrict__ edge_row) {
-  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  const int64_t row = (int64_t)blockIdx.x * kWarps + warp;
+    loop_weights_kernel(Args<T> a, float* __restrict__ out) {
+  const int64_t row = (int64_t)blockIdx.x * kThreads + threadIdx.x;
   if (row >= a.n_rows) return;
-  const int64_t lo = a.rowptr[row], hi = a.rowptr[row + 1];
-  if (edge_row != nullptr)
-    for (int64_t p = lo + lane; p < hi; p += kWarpSize)
-      edge_row[p] = (int32_t)row;
-  const int64_t loop_p = row_loop(a, lo, hi, lane);
-  const int64_t count = hi - lo - 1;
-  const float share = loop_share(a.fill, count);
-  for (int h = lane; h < a.H; h += kWarpSize)
+  const int64_t loop_p = row_loop(a, row);
+  const float share =
+      loop_share(a.fill, a.rowptr[row + 1] - a.rowptr[row] - 1);
+  for (int h = 0; h < a.H; ++h)
     out[row * a.H + h] =
         loop_p < 0 ? 0.f : to_float(a.w[loop_p * a.H + h]) * share;
 }
@@ -125,8 +118,9 @@ __global__ void __launch_bounds__(kThreads)
 // VW columns), and each thread keeps its d M cells -- one head by VW
 // columns, summed over every tile the block takes -- in registers; the
 // blocks' partials leave once (summed on the host: deterministic). An
-// edge's handed loop weight is found through edge_row (written by
-// loop_weights_kernel), loaded with the tile's index: no search.
+// edge's handed loop weight is found through the map's edge_row, loaded
+// with the tile's index: no search. Shared rows move VW floats per access
+// (the L1 / shared pipe was the kernel's limit: 85% busy under ncu).
 // Persistent blocks. (Session 12's first fold summed each tile's products
 // through shared memory under seven barriers per tile: 0.74 ms on
 // gat-edge, against ~0.25 for its traffic.)
@@ -150,7 +144,7 @@ __device__ __forceinline__ int grad_cell(int t, int k, int cells) {
 template <typename T, int MAXH, int VW>
 __device__ __forceinline__ void shared_grad_tiles(
     const Args<T>& a, const float* __restrict__ loop_w,
-    const int32_t* __restrict__ edge_row, float* __restrict__ partial,
+    float* __restrict__ partial,
     const float* s_m, float* s_w, float* s_x, int64_t* s_r) {
   const int H = a.H, De = a.De, HD = H * De, t = threadIdx.x;
   const int te = grad_tile_edges(De);
@@ -191,7 +185,7 @@ __device__ __forceinline__ void shared_grad_tiles(
       s_r[t] = r;
       own = r < a.n_in;
       if (own && loop_w != nullptr) {
-        const float* lr = loop_w + (int64_t)edge_row[p] * H;
+        const float* lr = loop_w + (int64_t)a.edge_row[p] * H;
 #pragma unroll
         for (int h = 0; h < MAXH; ++h)
           if (h < H) lw[h] = lr[h];
@@ -218,9 +212,10 @@ __device__ __forceinline__ void shared_grad_tiles(
         for (int h = 0; h < MAXH; ++h)
           if (h < H) {
             const float wh = s_w[e * H + h];
+            float mv[VW];
+            load_smem<VW>(s_m + h * De + c0, mv);
 #pragma unroll
-            for (int c = 0; c < VW; ++c)
-              gx[c] = fmaf(wh, s_m[h * De + c0 + c], gx[c]);
+            for (int c = 0; c < VW; ++c) gx[c] = fmaf(wh, mv[c], gx[c]);
           }
         store_vec<T, VW>(a.scatter + r * De + c0, gx);
       }
@@ -232,8 +227,7 @@ __device__ __forceinline__ void shared_grad_tiles(
 #pragma unroll
           for (int c = 0; c < VW; ++c) xv[c] = 0.f;
         }
-#pragma unroll
-        for (int c = 0; c < VW; ++c) s_x[e * De + c0 + c] = xv[c];
+        store_smem<VW>(s_x + e * De + c0, xv);
       }
     }
     if (partial == nullptr) continue;  // (block-uniform)
@@ -242,9 +236,10 @@ __device__ __forceinline__ void shared_grad_tiles(
       const int h = cell / qs, c0 = (cell - h * qs) * VW;
       for (int e = g; e < te; e += groups) {
         const float wh = s_w[e * H + h];
+        float xv[VW];
+        load_smem<VW>(s_x + e * De + c0, xv);
 #pragma unroll
-        for (int c = 0; c < VW; ++c)
-          acc[k][c] = fmaf(wh, s_x[e * De + c0 + c], acc[k][c]);
+        for (int c = 0; c < VW; ++c) acc[k][c] = fmaf(wh, xv[c], acc[k][c]);
       }
     });
   }
@@ -270,19 +265,18 @@ constexpr int kGradBlocksPerSM = 4;
 template <typename T, int MAXH>
 __global__ void __launch_bounds__(kEdgeThreads, kGradBlocksPerSM)
     shared_grad_kernel(Args<T> a, const float* __restrict__ loop_w,
-                       const int32_t* __restrict__ edge_row,
                        float* __restrict__ partial) {
-  __shared__ float s_m[kEdgeRowsMaxHD];
+  __shared__ __align__(16) float s_m[kEdgeRowsMaxHD];
   __shared__ __align__(16) float s_w[kGradTileFloats];
   __shared__ __align__(16) float s_x[kGradTileFloats];
   __shared__ int64_t s_r[kEdgeThreads];
   load_shared_mat(a, s_m);
   // (the first tile's barrier orders s_m before its use)
   if (a.vec)
-    shared_grad_tiles<T, MAXH, kVW>(a, loop_w, edge_row, partial, s_m, s_w,
+    shared_grad_tiles<T, MAXH, kVW>(a, loop_w, partial, s_m, s_w,
                                     s_x, s_r);
   else
-    shared_grad_tiles<T, MAXH, 1>(a, loop_w, edge_row, partial, s_m, s_w,
+    shared_grad_tiles<T, MAXH, 1>(a, loop_w, partial, s_m, s_w,
                                   s_x, s_r);
 }
 

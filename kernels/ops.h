@@ -102,7 +102,9 @@ fused_attention_bwd_cuda(
 //                         [1, H, De], summed over the rows, when node_mat
 //                         has one row: the gradient of a shared M)
 //   scatter [E_in, De]    d x of either
-// scatter_zero: some edge_attr rows are read by no edge (their d x is 0).
+// With a fill (1 mean, 2 sum, 3 const), loop_pos [N] (int64: the row's
+// self-loop entry, -1 for none) and edge_row [E] (int32: each edge's row),
+// cached with the graph's map: no kernel scans a row for its loop.
 // Unrequested outputs are empty. Needs H <= kEdgeRowsMaxHeads and
 // H * De <= kEdgeRowsMaxHD.
 inline constexpr int kEdgeRowsMaxHeads = 16;
@@ -113,13 +115,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> edge_attr_rows_cuda(
     const c10::optional<at::Tensor>& fill_row,
     const c10::optional<at::Tensor>& node_mat,
     const c10::optional<at::Tensor>& edge_weight, bool dots, bool sums,
-    bool scatter, bool scatter_zero);
+    bool scatter, const c10::optional<at::Tensor>& loop_pos,
+    const c10::optional<at::Tensor>& edge_row);
 
 inline constexpr const char* kEdgeAttrRowsSchema =
     "edge_attr_rows(Tensor rowptr, Tensor? index, int num_edges, "
     "Tensor edge_attr, int fill, Tensor? fill_row, Tensor? node_mat, "
     "Tensor? edge_weight, bool dots, bool sums, bool scatter, "
-    "bool scatter_zero) -> (Tensor, Tensor, Tensor)";
+    "Tensor? loop_pos, Tensor? edge_row) -> (Tensor, Tensor, Tensor)";
 
 // The two ops' schemas (one definition: ops.cpp registers them in
 // pyg_dfgnn, the backward's stand-alone test build in its own namespace).

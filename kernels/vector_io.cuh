@@ -101,6 +101,20 @@ __device__ __forceinline__ void load_smem(const float* p, float (&x)[VW]) {
   }
 }
 
+// fp32 values to shared memory, 16 bytes at a time when VW % 4 == 0.
+template <int VW>
+__device__ __forceinline__ void store_smem(float* p, const float (&x)[VW]) {
+  if constexpr (VW % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < VW; i += 4)
+      *reinterpret_cast<float4*>(p + i) =
+          make_float4(x[i], x[i + 1], x[i + 2], x[i + 3]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < VW; ++i) p[i] = x[i];
+  }
+}
+
 // Copy n elements global -> shared (16 bytes per access when VW > 1: both
 // ends 16-byte aligned and n a multiple of VW then), 4 loads in flight per
 // thread.

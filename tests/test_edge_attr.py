@@ -47,6 +47,15 @@ def test_map_rows_equal_pyg_filled_rows(fill, input_loops):
         assert emap.unused_index is None
     want = structure.edge_attr(ei, edge_attr, fill)  # PyG's rows, CSR order
     torch.testing.assert_close(csr_edge_attr(emap, edge_attr), want)
+    # each row's loop entry and each edge's row, as the kernels read them
+    rowptr = emap.rowptr.tolist()
+    for i in range(n):
+        lo, hi = rowptr[i], rowptr[i + 1]
+        assert emap.edge_row[lo:hi].tolist() == [i] * (hi - lo)
+        loops = [p for p in range(lo, hi) if emap.index[p] >= emap.num_input]
+        assert emap.loop_pos[i].item() == (loops[0] if loops else -1)
+        assert len(loops) == 1  # every row of this graph gets one loop
+    assert emap.edge_row.dtype == torch.int32
 
 
 def test_map_without_loops_is_the_permutation():
