@@ -291,10 +291,9 @@ template <typename T, int KIND> void run_bwd_kind(Args& A, int optin,
   PYG_DFGNN_DISPATCH_INDEX(A.col.scalar_type(), "fused_attention_bwd", [&] {
     PYG_DFGNN_DISPATCH_BOOL(vec, VEC, [&] {
       const int level = feature_level(
-          A.edge_score.defined(), A.edge_key.defined() ||
-                                      A.edge_value.defined() ||
-                                      A.grad_alpha.defined() || A.drop.active);
-      PYG_DFGNN_DISPATCH_FEAT(level, KIND == kAdd, FEAT, [&] {
+          A.edge_score.defined(), A.grad_alpha.defined(),
+          A.edge_key.defined() || A.edge_value.defined() || A.drop.active);
+      PYG_DFGNN_DISPATCH_FEAT(level, KIND == kAdd, KIND == kDot, FEAT, [&] {
         detail::run_passes<T, index_t, KIND, VEC, FEAT>(A, optin);
       });
     });

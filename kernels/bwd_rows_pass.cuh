@@ -100,12 +100,12 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
                 ps[u] = score_part<KIND, T, VW>(
                     w.own + h * D, kb + jr * HD_k + h * D, att + h * D, D,
                     lg * VW, G * VW, a.slope,
-                    (FEAT == kFeatAll && a.et.ek != nullptr) ? a.et.ek + (cb + e) * HD_k + h * D
+                    (kHasEdgeKV<FEAT> && a.et.ek != nullptr) ? a.et.ek + (cb + e) * HD_k + h * D
                                        : nullptr);
               pd[u] = score_part<kDot, T, VW>(
                   w.own2 + h * F, vb + jr * HF + h * F, nullptr, F, lg * VW,
                   G * VW, 0.f,
-                  (FEAT == kFeatAll && a.et.ev != nullptr) ? a.et.ev + (cb + e) * HF + h * F
+                  (kHasEdgeKV<FEAT> && a.et.ev != nullptr) ? a.et.ev + (cb + e) * HF + h * F
                                      : nullptr);
             }
           }
@@ -118,12 +118,12 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
               float sc = sp, gz = 1.f;
               if constexpr (KIND == kDot) {
                 sc = sp * a.scale;
-                if ((FEAT && a.et.es != nullptr))
+                if ((kHasScore<FEAT> && a.et.es != nullptr))
                   sc += to_float(a.et.es[(cb + e) * H + h]);
               }
               if constexpr (KIND == kAdd) {
                 float z = w.own[h] + to_float(kb[(OFF)w.j[e] * H + h]);
-                if ((FEAT && a.et.es != nullptr))
+                if ((kHasScore<FEAT> && a.et.es != nullptr))
                   z += to_float(a.et.es[(cb + e) * H + h]);
                 sc = leaky_relu(z, a.slope);
                 gz = leaky_relu_grad(z, a.slope);
@@ -133,7 +133,7 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
               // (+ the returned weights' own gradient)
               const float f = drop_factor<FEAT>(a.drop, seed, offset, cb + e, h);
               float dpe = f * dp;
-              if ((FEAT == kFeatAll && a.galpha != nullptr)) {
+              if ((kHasWeights<FEAT> && a.galpha != nullptr)) {
                 const int64_t ea = a.aperm != nullptr
                                        ? (int64_t)a.aperm[cb + e] : cb + e;
                 dpe = fmaf(to_float(a.galpha[ea * H + h]),
@@ -173,7 +173,7 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
                 float x[VW];  // k_j + ek_ij
 #pragma unroll
                 for (int i = 0; i < VW; ++i) x[i] = xk[i];
-                if ((FEAT == kFeatAll && a.et.ek != nullptr))
+                if ((kHasEdgeKV<FEAT> && a.et.ek != nullptr))
                   add_vec<T, VW>(a.et.ek + (cb + e) * HD_k + sl * VW, x);
                 if constexpr (KIND == kDot) {
 #pragma unroll

@@ -82,9 +82,20 @@ __global__ void __launch_bounds__(kThreads) loop_dots_kernel(Args<T> a) {
 #pragma unroll
   for (int h = 0; h < MAXH; ++h) acc[h] = 0.f;
   for (int64_t p = lo + lane; p < hi; p += kWarpSize) {
+    if (H % 4 == 0) {  // (dots: this op's allocation, rows 4-aligned)
 #pragma unroll
-    for (int h = 0; h < MAXH; ++h)
-      if (h < H) acc[h] += to_float(a.dots[p * H + h]);
+      for (int h = 0; h < MAXH; h += 4)
+        if (h < H) {
+          float v[4];
+          load_vec<T, 4>(a.dots + p * H + h, v);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[h + i] += v[i];
+        }
+    } else {
+#pragma unroll
+      for (int h = 0; h < MAXH; ++h)
+        if (h < H) acc[h] += to_float(a.dots[p * H + h]);
+    }
   }
 #pragma unroll
   for (int h = 0; h < MAXH; ++h) {
@@ -186,13 +197,30 @@ __device__ __forceinline__ void shared_grad_tiles(
       own = r < a.n_in;
       if (own && loop_w != nullptr) {
         const float* lr = loop_w + (int64_t)a.edge_row[p] * H;
+        if (H % 4 == 0) {  // (rows of loop_w start 16-byte aligned)
 #pragma unroll
-        for (int h = 0; h < MAXH; ++h)
-          if (h < H) lw[h] = lr[h];
+          for (int h = 0; h < MAXH; h += 4)
+            if (h < H) {
+              const float4 v = *reinterpret_cast<const float4*>(lr + h);
+              lw[h] = v.x, lw[h + 1] = v.y, lw[h + 2] = v.z, lw[h + 3] = v.w;
+            }
+        } else {
+#pragma unroll
+          for (int h = 0; h < MAXH; ++h)
+            if (h < H) lw[h] = lr[h];
+        }
       }
     }
-    for (int i = t; i < n * H; i += kEdgeThreads)
-      s_w[i] = to_float(a.w[p0 * H + i]);
+    if (a.w_vec) {  // the tile's [n, H] weights: 4 per access
+      for (int i = 4 * t; i < n * H; i += 4 * kEdgeThreads) {
+        float v[4];
+        load_vec<T, 4>(a.w + p0 * H + i, v);
+        store_smem<4>(s_w + i, v);
+      }
+    } else {
+      for (int i = t; i < n * H; i += kEdgeThreads)
+        s_w[i] = to_float(a.w[p0 * H + i]);
+    }
     __syncthreads();
     if (t < te) {  // w' of edge t: 0 for loops and past the tile
 #pragma unroll

@@ -96,13 +96,13 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
         // SDDMM over the chunk's (edge, head) items, two per group in flight
         const int n_items = n * H;
         // raw scores for the attention weights: first feature pass only
-        float* sc_out = c0 == 0 && (FEAT == kFeatAll && a.scores != nullptr) ? a.scores + cb * H
+        float* sc_out = c0 == 0 && (kHasWeights<FEAT> && a.scores != nullptr) ? a.scores + cb * H
                                                        : nullptr;
         if constexpr (KIND == kAdd) {
           for (int it = lane; it < n_items; it += kWarpSize) {
             const int e = (int)(((unsigned)it * h_magic) >> 20), h = it - e * H;
             float x = w.q[h] + to_float(kb[(OFF)w.j[e] * H + h]);
-            if ((FEAT && a.et.es != nullptr)) x += to_float(a.et.es[(cb + e) * H + h]);
+            if ((kHasScore<FEAT> && a.et.es != nullptr)) x += to_float(a.et.es[(cb + e) * H + h]);
             const float sc = leaky_relu(x, a.slope);
             w.p[h * C + e] = sc;
             if (sc_out != nullptr) sc_out[it] = sc;
@@ -124,7 +124,7 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
                 part[u] = score_part<KIND, T, VW>(
                     w.q + h * D, kb + (OFF)w.j[e] * HD_k + h * D, att + h * D,
                     D, lg * VW, G * VW, a.slope,
-                    (FEAT == kFeatAll && a.et.ek != nullptr) ? a.et.ek + (cb + e) * HD_k + h * D
+                    (kHasEdgeKV<FEAT> && a.et.ek != nullptr) ? a.et.ek + (cb + e) * HD_k + h * D
                                        : nullptr);
               }
             }
@@ -133,7 +133,7 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
               float sc = group8_sum(part[u], G);
               if constexpr (KIND == kDot) sc *= a.scale;
               if (lg == 0 && eh[u][0] >= 0) {
-                if (KIND == kDot && (FEAT && a.et.es != nullptr))
+                if (KIND == kDot && (kHasScore<FEAT> && a.et.es != nullptr))
                   sc += to_float(a.et.es[(cb + eh[u][0]) * H + eh[u][1]]);
                 w.p[eh[u][1] * C + eh[u][0]] = sc;
                 if (sc_out != nullptr) sc_out[eh[u][0] * H + eh[u][1]] = sc;
@@ -172,7 +172,7 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
         }
         spmm_accumulate<T, VW, SLOTS>(acc, slots, c0, group, ls, sub, 0, n, hs,
                                       v_row, get_p);
-        if ((FEAT == kFeatAll && a.et.ev != nullptr))  // the edges' value terms: rows in CSR order
+        if ((kHasEdgeKV<FEAT> && a.et.ev != nullptr))  // the edges' value terms: rows in CSR order
           spmm_accumulate<T, VW, SLOTS>(
               acc, slots, c0, group, ls, sub, 0, n, hs,
               [&](int e) -> const T* { return a.et.ev + (cb + e) * HF; },

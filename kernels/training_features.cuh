@@ -88,16 +88,32 @@ struct DropoutMask {
 };
 
 // The levels of training features a kernel is instantiated with (template
-// int FEAT): none (the plain path, no cost at all), the edge score alone
+// int FEAT): none (the plain path, no cost at all); the edge score alone
 // (GAT's edge term with nothing else on: 'add' kernels only, whose feature
 // code -- dropout's Philox, the weights' gradient, edge keys / values --
-// cost them registers and 0.19 ms of gat-edge's backward rows pass), all.
-constexpr int kFeatNone = 0, kFeatScore = 1, kFeatAll = 2;
-// Host: a call's level from what it has on (`other`: anything beside the
-// edge score -- dropout, attention weights or their gradient, edge key /
-// value).
-inline int feature_level(bool edge_score, bool other) {
-  return other ? kFeatAll : edge_score ? kFeatScore : kFeatNone;
+// cost them registers and 0.19 ms of gat-edge's backward rows pass); all;
+// the edge score with the attention weights and their gradient, no dropout
+// and no edge key / value ('dot' kernels only: TransformerConv's edge term,
+// whose all-level backward rows pass spilled 208 bytes).
+constexpr int kFeatNone = 0, kFeatScore = 1, kFeatAll = 2, kFeatWeights = 3;
+// What a level compiles in: the edge score; the weights (raw scores out,
+// their gradient in); dropout; edge keys / values.
+template <int FEAT>
+inline constexpr bool kHasScore = FEAT != kFeatNone;
+template <int FEAT>
+inline constexpr bool kHasWeights = FEAT == kFeatAll || FEAT == kFeatWeights;
+template <int FEAT>
+inline constexpr bool kHasDropout = FEAT == kFeatAll;
+template <int FEAT>
+inline constexpr bool kHasEdgeKV = FEAT == kFeatAll;
+// Host: a call's level from what it has on (`weights`: attention weights
+// returned or their gradient; `other`: dropout, edge key / value). Kernels
+// without a level's instantiation take kFeatAll (PYG_DFGNN_DISPATCH_FEAT).
+inline int feature_level(bool edge_score, bool weights, bool other) {
+  return other     ? kFeatAll
+         : weights ? kFeatWeights
+         : edge_score ? kFeatScore
+                      : kFeatNone;
 }
 
 // The mask in kernels instantiated with or without dropout.
@@ -105,13 +121,13 @@ template <int FEAT>
 __device__ __forceinline__ void drop_begin(const DropoutMask& d,
                                            uint64_t& seed, uint64_t& offset) {
   seed = offset = 0;
-  if constexpr (FEAT == kFeatAll) d.begin(seed, offset);
+  if constexpr (kHasDropout<FEAT>) d.begin(seed, offset);
 }
 template <int FEAT>
 __device__ __forceinline__ float drop_factor(const DropoutMask& d,
                                              uint64_t seed, uint64_t offset,
                                              int64_t e, int h) {
-  if constexpr (FEAT == kFeatAll) return d.factor(seed, offset, e, h);
+  if constexpr (kHasDropout<FEAT>) return d.factor(seed, offset, e, h);
   return 1.f;
 }
 

@@ -292,3 +292,32 @@ def test_feature_level_of_gat_edge_kernels(dropout, attention, level):
     assert fwd and all(m.split('(')[0].endswith(f', {level}>') for m in fwd)
     assert len(bwd) == 2 and all(
         f', {level}, false>' in m.split('(')[0] for m in bwd), bwd
+
+
+@pytest.mark.parametrize('dropout,level', [(0.0, 3), (0.3, 2)])
+def test_feature_level_of_transformer_edge_kernels(dropout, level):
+    """TransformerConv's edge term without dropout runs the 'dot' kernels
+    instantiated with the edge score and the weights only (level 3: no
+    dropout / edge key-value code); with dropout, the full feature
+    kernels."""
+    _cuda()
+    from pyg_dfgnn.nn import DFTransformerConv
+    gen = torch.Generator().manual_seed(8)
+    n = 600
+    dst = torch.arange(n).repeat_interleave(8)
+    src = dst - dst % 20 + torch.randint(0, 20, (n * 8, ), generator=gen)
+    ei = torch.stack([src, dst]).cuda()
+    conv = DFTransformerConv(16, 8, heads=2, edge_dim=4,
+                             dropout=dropout).cuda()
+    x = torch.randn(n, 16, device='cuda', requires_grad=True)
+    ea = torch.randn(ei.size(1), 4, device='cuda', requires_grad=True)
+    with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        conv(x, ei, ea).sum().backward()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events()]
+    fwd = [m for m in names if 'smmf_fwd_kernel<float, 0,' in m]
+    bwd = [m for m in names if 'bwd::bwd_kernel<float, int, 0,' in m]
+    assert fwd and all(m.split('(')[0].endswith(f', {level}>') for m in fwd)
+    assert len(bwd) == 2 and all(
+        f', {level}, false>' in m.split('(')[0] for m in bwd), bwd
