@@ -32,7 +32,6 @@ struct Args {
   int64_t n_rows, n_in, n_edges, m_stride;
   int H, De, fill;
   bool vec;  // De % kVW == 0: x rows in vectors of kVW
-  bool w_vec;  // H % 4 == 0 and w 4-element aligned: w rows in fours
 };
 
 // dots (acc[h] = <M_h, x>) and scatter (g = sum_h wv[h] M_h) of one x row,

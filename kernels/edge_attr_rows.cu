@@ -342,9 +342,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> edge_attr_rows_cuda(
         a.vec = De % edge_rows::kVW == 0 &&
                 reinterpret_cast<uintptr_t>(a.x) %
                         (edge_rows::kVW * sizeof(scalar_t)) == 0;
-        a.w_vec = a.w != nullptr && H % 4 == 0 &&
-                  reinterpret_cast<uintptr_t>(a.w) % (4 * sizeof(scalar_t)) ==
-                      0;
         if (shared) {
           run_shared_mat<scalar_t>(a, fr, out_sums, stream);
           return;

@@ -184,48 +184,32 @@ __device__ __forceinline__ void shared_grad_tiles(
     const int64_t p0 = tile * te;
     const int n = (int)(a.n_edges - p0 < te ? a.n_edges - p0 : te);
     __syncthreads();  // (the previous tile is consumed)
-    // edge t's user row and its row's handed loop weight (registers, read
-    // back after the barrier: no load waits behind one)
-    float lw[MAXH];
+    // edge t's user row
+    if (t < te)
+      s_r[t] = t < n ? (a.index != nullptr ? a.index[p0 + t] : p0 + t)
+                     : a.n_in;
+    // the tile's w' = w + the row's handed loop weight, element i = t + k *
+    // threads (edge i / H, head i % H): loaded into registers before the
+    // barrier, stored to consecutive words after it -- a thread per edge
+    // writing its H heads hit the same banks 8-way (H = 8)
+    float wv[MAXH];
 #pragma unroll
-    for (int h = 0; h < MAXH; ++h) lw[h] = 0.f;
-    bool own = false;
-    if (t < te) {
-      const int64_t p = p0 + t;
-      const int64_t r = t < n ? (a.index != nullptr ? a.index[p] : p) : a.n_in;
-      s_r[t] = r;
-      own = r < a.n_in;
-      if (own && loop_w != nullptr) {
-        const float* lr = loop_w + (int64_t)a.edge_row[p] * H;
-        if (H % 4 == 0) {  // (rows of loop_w start 16-byte aligned)
-#pragma unroll
-          for (int h = 0; h < MAXH; h += 4)
-            if (h < H) {
-              const float4 v = *reinterpret_cast<const float4*>(lr + h);
-              lw[h] = v.x, lw[h + 1] = v.y, lw[h + 2] = v.z, lw[h + 3] = v.w;
-            }
-        } else {
-#pragma unroll
-          for (int h = 0; h < MAXH; ++h)
-            if (h < H) lw[h] = lr[h];
+    for (int k = 0; k < MAXH; ++k) {
+      const int i = t + k * kEdgeThreads;
+      wv[k] = 0.f;
+      if (i < n * H) {
+        wv[k] = to_float(a.w[p0 * H + i]);
+        if (loop_w != nullptr) {
+          const int e = i / H;
+          wv[k] += loop_w[(int64_t)a.edge_row[p0 + e] * H + (i - e * H)];
         }
       }
     }
-    if (a.w_vec) {  // the tile's [n, H] weights: 4 per access
-      for (int i = 4 * t; i < n * H; i += 4 * kEdgeThreads) {
-        float v[4];
-        load_vec<T, 4>(a.w + p0 * H + i, v);
-        store_smem<4>(s_w + i, v);
-      }
-    } else {
-      for (int i = t; i < n * H; i += kEdgeThreads)
-        s_w[i] = to_float(a.w[p0 * H + i]);
-    }
     __syncthreads();
-    if (t < te) {  // w' of edge t: 0 for loops and past the tile
 #pragma unroll
-      for (int h = 0; h < MAXH; ++h)
-        if (h < H) s_w[t * H + h] = own ? s_w[t * H + h] + lw[h] : 0.f;
+    for (int k = 0; k < MAXH; ++k) {  // loops and past the tile: 0
+      const int i = t + k * kEdgeThreads;
+      if (i < te * H) s_w[i] = i < n * H && s_r[i / H] < a.n_in ? wv[k] : 0.f;
     }
     __syncthreads();
     for (int i = t; i < te * qs; i += kEdgeThreads) {
