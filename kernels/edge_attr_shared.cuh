@@ -27,8 +27,20 @@ __device__ __forceinline__ void load_shared_mat(const Args<T>& a, float* m) {
     m[i] = to_float(a.m[i]);
 }
 
-// dots[p, :] = <M_h, x_p> for the non-loop edges (loops: 0, filled by
-// loop_dots_kernel).
+// Whether shared_dots_kernel writes the loop dot of the row [lo, hi) itself:
+// fill 1 / 2 (the sum of the row's other dots), the whole row inside one
+// tile, and heads that divide a warp (a lane sums one head). The other
+// rows' loops are loop_dots_kernel's.
+template <typename T>
+__device__ __forceinline__ bool loop_in_tile(const Args<T>& a, int64_t lo,
+                                             int64_t hi) {
+  return (a.fill == 1 || a.fill == 2) && kWarpSize % a.H == 0 && hi > lo &&
+         lo / kEdgeThreads == (hi - 1) / kEdgeThreads;
+}
+
+// dots[p, :] = <M_h, x_p> for the non-loop edges; a loop's dot is written
+// here for the rows loop_in_tile takes (a warp per loop, from the tile's
+// dots in shared memory), else 0 and filled by loop_dots_kernel.
 template <typename T, int MAXH>
 __global__ void __launch_bounds__(kEdgeThreads)
     shared_dots_kernel(Args<T> a) {
@@ -42,23 +54,49 @@ __global__ void __launch_bounds__(kEdgeThreads)
   float acc[MAXH];
 #pragma unroll
   for (int h = 0; h < MAXH; ++h) acc[h] = 0.f;
+  bool loop = false;
   if (p < a.n_edges) {
     const int64_t r = a.index != nullptr ? a.index[p] : p;
-    if (r < a.n_in) edge_dots(a, r, s_m, acc);
+    loop = r >= a.n_in;
+    if (!loop) edge_dots(a, r, s_m, acc);
   }
 #pragma unroll
   for (int h = 0; h < MAXH; ++h)
     if (h < H) s_out[threadIdx.x * H + h] = acc[h];
   __syncthreads();
+  if ((a.fill == 1 || a.fill == 2) && kWarpSize % H == 0) {
+    // lanes over the row's (edge, head) entries: lane l always meets head
+    // l % H; lanes of one head summed by shuffles
+    const int lane = threadIdx.x % kWarpSize;
+    const int w0 = threadIdx.x - lane;
+    unsigned loops = __ballot_sync(kFullMask, loop);
+    while (loops != 0) {  // (warp-uniform)
+      const int src = __ffs(loops) - 1;
+      loops &= loops - 1;
+      const int64_t lp = p0 + w0 + src;
+      const int64_t row = a.edge_row[lp];
+      const int64_t lo = a.rowptr[row], hi = a.rowptr[row + 1];
+      if (!loop_in_tile(a, lo, hi)) continue;
+      const int n = (int)(hi - lo) * H;
+      const float* rs = s_out + (lo - p0) * H;
+      float sum = 0.f;
+      for (int i = lane; i < n; i += kWarpSize) sum += rs[i];
+      for (int o = H; o < kWarpSize; o <<= 1)
+        sum += __shfl_xor_sync(kFullMask, sum, o);
+      if (lane < H)
+        s_out[(lp - p0) * H + lane] = sum * loop_share(a.fill, hi - lo - 1);
+    }
+    __syncthreads();
+  }
   const int64_t left = a.n_edges - p0;
   const int n = (int)(left < kEdgeThreads ? left : kEdgeThreads) * H;
   for (int i = threadIdx.x; i < n; i += kEdgeThreads)
     a.dots[p0 * H + i] = from_float<T>(s_out[i]);
 }
 
-// The loops' dots (after shared_dots_kernel): warp per row. The row's sum
-// takes every entry (shared_dots_kernel left the loop's at 0), so the dots'
-// loads do not wait for the loop's position.
+// The loops' dots shared_dots_kernel left (rows across tiles, fill 3):
+// warp per row. The row's sum takes every entry (shared_dots_kernel left
+// the loop's at 0), so the dots' loads do not wait for the loop's position.
 template <typename T, int MAXH>
 __global__ void __launch_bounds__(kThreads) loop_dots_kernel(Args<T> a) {
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
@@ -67,7 +105,7 @@ __global__ void __launch_bounds__(kThreads) loop_dots_kernel(Args<T> a) {
   const int H = a.H, De = a.De;
   const int64_t lo = a.rowptr[row], hi = a.rowptr[row + 1];
   const int64_t loop_p = row_loop(a, row);
-  if (loop_p < 0) return;
+  if (loop_p < 0 || loop_in_tile(a, lo, hi)) return;  // (the latter: done)
   if (a.fill == 3) {
     for (int h = lane; h < H; h += kWarpSize) {
       float s = 0.f;
@@ -184,32 +222,31 @@ __device__ __forceinline__ void shared_grad_tiles(
     const int64_t p0 = tile * te;
     const int n = (int)(a.n_edges - p0 < te ? a.n_edges - p0 : te);
     __syncthreads();  // (the previous tile is consumed)
-    // edge t's user row
-    if (t < te)
-      s_r[t] = t < n ? (a.index != nullptr ? a.index[p0 + t] : p0 + t)
-                     : a.n_in;
-    // the tile's w' = w + the row's handed loop weight, element i = t + k *
-    // threads (edge i / H, head i % H): loaded into registers before the
-    // barrier, stored to consecutive words after it -- a thread per edge
-    // writing its H heads hit the same banks 8-way (H = 8)
-    float wv[MAXH];
+    // edge t's user row and its row's handed loop weight (registers, read
+    // back after the barrier: no load waits behind one)
+    float lw[MAXH];
 #pragma unroll
-    for (int k = 0; k < MAXH; ++k) {
-      const int i = t + k * kEdgeThreads;
-      wv[k] = 0.f;
-      if (i < n * H) {
-        wv[k] = to_float(a.w[p0 * H + i]);
-        if (loop_w != nullptr) {
-          const int e = i / H;
-          wv[k] += loop_w[(int64_t)a.edge_row[p0 + e] * H + (i - e * H)];
-        }
+    for (int h = 0; h < MAXH; ++h) lw[h] = 0.f;
+    bool own = false;
+    if (t < te) {
+      const int64_t p = p0 + t;
+      const int64_t r = t < n ? (a.index != nullptr ? a.index[p] : p) : a.n_in;
+      s_r[t] = r;
+      own = r < a.n_in;
+      if (own && loop_w != nullptr) {
+        const float* lr = loop_w + (int64_t)a.edge_row[p] * H;
+#pragma unroll
+        for (int h = 0; h < MAXH; ++h)
+          if (h < H) lw[h] = lr[h];
       }
     }
+    for (int i = t; i < n * H; i += kEdgeThreads)
+      s_w[i] = to_float(a.w[p0 * H + i]);
     __syncthreads();
+    if (t < te) {  // w' of edge t: 0 for loops and past the tile
 #pragma unroll
-    for (int k = 0; k < MAXH; ++k) {  // loops and past the tile: 0
-      const int i = t + k * kEdgeThreads;
-      if (i < te * H) s_w[i] = i < n * H && s_r[i / H] < a.n_in ? wv[k] : 0.f;
+      for (int h = 0; h < MAXH; ++h)
+        if (h < H) s_w[t * H + h] = own ? s_w[t * H + h] + lw[h] : 0.f;
     }
     __syncthreads();
     for (int i = t; i < te * qs; i += kEdgeThreads) {
