@@ -533,15 +533,18 @@ MIN_PIECE_ROWS = 16
 
 def auto_windows_per_graph(slots: int, max_graph_nodes: int,
                            device: Any) -> int:
-    """Staging windows per graph slot for batches of ``slots`` graphs: about
-    two blocks per SM (one window per graph left a batch of 32 graphs 32
-    blocks on an H100's 132 SMs), pieces of at least MIN_PIECE_ROWS rows;
-    1 off CUDA."""
+    """Staging windows per graph slot for batches of ``slots`` graphs: as
+    many as one wave of blocks holds (a staged block of 1,024 threads and
+    ~100 KB of shared memory is alone on its SM), pieces of at least
+    MIN_PIECE_ROWS rows; 1 off CUDA. (32 PATTERN graphs on an H100, GAT
+    kernels per layer fwd / bwd rows / bwd cols: 1 piece 60 / 118 / 60 us,
+    4 pieces (one wave) 43-49 / 75-85 / 42-47, 9 pieces (the former two
+    blocks per SM) 56-61 / 96-107 / 57-61, 18 pieces 75 / 127 / 79.)"""
     device = torch.device(device)
     if device.type != 'cuda':
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    want = -(-2 * sms // max(1, slots))
+    want = sms // max(1, slots)
     return max(1, min(want, max_graph_nodes // MIN_PIECE_ROWS))
 
 
