@@ -146,15 +146,15 @@ void launch(const BwdArgs<T, I>& args, const at::Tensor& ptr,
 }
 
 // A pass for short owners (bwd_short_kernel.cuh): a warp per owner.
-// (instantiated only where it can be taken: the plain vector kernels)
+// (instantiated only where it can be taken: the vector kernels)
 template <typename T, typename I, int KIND, bool VEC, int FEAT, bool COLS>
 void launch_short(const BwdArgs<T, I>& a, int lanes) {
-  if constexpr (KIND != kGatv2 && VEC && !FEAT) {
+  if constexpr (KIND != kGatv2 && VEC) {
     constexpr int VW = Vec<T>::kWidth;
     const int64_t blocks = short_blocks(a.n_owner, lanes, kShortThreads);
     if (blocks <= 0) return;
-    auto kernel = COLS ? short_cols_bwd_kernel<T, I, KIND, VW>
-                       : short_rows_bwd_kernel<T, I, KIND, VW>;
+    auto kernel = COLS ? short_cols_bwd_kernel<T, I, KIND, VW, FEAT>
+                       : short_rows_bwd_kernel<T, I, KIND, VW, FEAT>;
     kernel<<<(unsigned)blocks, kShortThreads, 0,
              c10::cuda::getCurrentCUDAStream()>>>(a, lanes);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -208,13 +208,16 @@ void run_passes(Args& A, int optin) {
   // Short owners (short_rows.cuh's shapes and rule, rows and columns
   // apart): the warp-per-owner passes; plain path with ebuf stored.
   const char mode = short_rows_mode();
-  const bool short_ok = !FEAT && VEC && KIND != kGatv2 && !lean &&
+  const bool short_ok = VEC && KIND != kGatv2 && !lean &&
+                        !A.edge_key.defined() && !A.edge_value.defined() &&
                         short_shapes(KIND, VEC, H, D, F, VW);
   const int lanes = short_lanes((int64_t)H * F, VW);
   const bool short_rows =
-      short_ok && short_owners(mode, n_dst, E, A.max_in_degree, lanes);
+      short_ok &&
+      short_owners(mode, n_dst, E, A.max_in_degree, lanes, F / VW);
   const bool short_cols =
-      short_ok && short_owners(mode, n_src, E, A.max_out_degree, lanes);
+      short_ok &&
+      short_owners(mode, n_src, E, A.max_out_degree, lanes, F / VW);
 
   // rows pass: grad_query, D -> drow, (p, t) -> ebuf
   BwdArgs<T, I> r = a;

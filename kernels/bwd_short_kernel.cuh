@@ -10,8 +10,11 @@
 //     D_i -> drow, dQ_i = A_i - D_i B_i;
 //   cols (CSC, owner j): (p, t) from ebuf, ds = t - p D_i (leaky' for
 //     'add' from the packed flag), dK_j = sum ds g, dV_j = sum p dO_i.
-// Plain path (no training features) with ebuf stored (not lean); 'dot'
-// (D = F) and 'add'. Scores are formed as the short-row forward forms them
+// ebuf stored (not lean); 'dot' (D = F) and 'add'; the training features of
+// level FEAT except edge keys / values, as the block passes take them: the
+// edge score in the score and its gradient (d es = ds, the cols pass),
+// dropout (the forward's Philox mask, regenerated), the returned weights'
+// gradient in dp. Scores are formed as the short-row forward forms them
 // (head_dot: same products, same shuffles), so a one-edge row's p is
 // exactly 1 and its dQ exactly 0 when the forward took that kernel too.
 #pragma once
@@ -24,7 +27,7 @@ namespace bwd {
 
 constexpr int kShortThreads = 256;
 
-template <typename T, typename I, int KIND, int VW>
+template <typename T, typename I, int KIND, int VW, int FEAT>
 __global__ void __launch_bounds__(kShortThreads)
     short_rows_bwd_kernel(BwdArgs<T, I> a, int lanes) {
   static_assert(KIND == kDot || KIND == kAdd, "short: 'dot' or 'add'");
@@ -55,6 +58,10 @@ __global__ void __launch_bounds__(kShortThreads)
   float acc_a[VW], acc_b[VW], dsum = 0.f;
 #pragma unroll
   for (int i = 0; i < VW; ++i) acc_a[i] = acc_b[i] = 0.f;
+  const T* es = kHasScore<FEAT> ? a.et.es : nullptr;
+  const T* galpha = kHasWeights<FEAT> ? a.galpha : nullptr;
+  uint64_t seed, offset;
+  drop_begin<FEAT>(a.drop, seed, offset);
   for (unsigned st = 0; st < steps; ++st) {
     const int64_t e = elo + 2 * (int64_t)st;
     const bool one = e < ehi, two = e + 1 < ehi;
@@ -74,13 +81,17 @@ __global__ void __launch_bounds__(kShortThreads)
       load_vec<T, VW>(a.nbr_b + j0 * HF + o.c0, v[0]);
       load_vec<T, VW>(a.nbr_b + j1 * HF + o.c0, v[1]);
     }
-    float s[2], gz[2] = {1.f, 1.f}, dp[2];
+    float s[2], gz[2] = {1.f, 1.f}, dp[2], term[2] = {0.f, 0.f};
+    if (es != nullptr && o.on && one) {
+      term[0] = to_float(es[e * H + h]);
+      if (two) term[1] = to_float(es[(e + 1) * H + h]);
+    }
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       if constexpr (KIND == kDot) {
-        s[u] = head_dot<VW>(q, k[u], G) * a.scale;
+        s[u] = fmaf(head_dot<VW>(q, k[u], G), a.scale, term[u]);
       } else {
-        const float z = qh + kh[u];
+        const float z = qh + kh[u] + term[u];
         s[u] = leaky_relu(z, a.slope);
         gz[u] = leaky_relu_grad(z, a.slope);
       }
@@ -90,7 +101,18 @@ __global__ void __launch_bounds__(kShortThreads)
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       if (u == 1 && !two) break;
-      const float p = expf(s[u] - lse), t = p * dp[u];
+      // out_i = sum_j f p_ij v_j: dL/dp_ij = f dp_ij (+ the returned
+      // weights' own gradient)
+      const float p = expf(s[u] - lse);
+      const float f = drop_factor<FEAT>(a.drop, seed, offset, e + u, h);
+      float dpe = f * dp[u];
+      if (galpha != nullptr) {
+        const int64_t ea = a.aperm != nullptr ? (int64_t)a.aperm[e + u]
+                                              : e + u;
+        dpe = fmaf(to_float(galpha[ea * H + h]),
+                   a.galpha_dropped ? f : 1.f, dpe);
+      }
+      const float t = p * dpe;
       dsum += t;
       if constexpr (KIND == kDot) {
 #pragma unroll
@@ -104,7 +126,8 @@ __global__ void __launch_bounds__(kShortThreads)
       }
       if (first)
         a.ebuf[(e + u) * H + h] = make_float2(
-            pack_item_p<KIND>(p, false, KIND == kAdd && gz[u] != 1.f), t);
+            pack_item_p<KIND>(p, f == 0.f, KIND == kAdd && gz[u] != 1.f),
+            t);
     }
   }
   if (!o.on) return;
@@ -123,8 +146,9 @@ __global__ void __launch_bounds__(kShortThreads)
   }
 }
 
-// No shuffles here: each lane walks its own column.
-template <typename T, typename I, int KIND, int VW>
+// No shuffles here: each lane walks its own column. dV takes the dropped
+// p' = f p (the packed flag: f = 0, else 1 / (1 - drop)).
+template <typename T, typename I, int KIND, int VW, int FEAT>
 __global__ void __launch_bounds__(kShortThreads)
     short_cols_bwd_kernel(BwdArgs<T, I> a, int lanes) {
   static_assert(KIND == kDot || KIND == kAdd, "short: 'dot' or 'add'");
@@ -138,6 +162,9 @@ __global__ void __launch_bounds__(kShortThreads)
 #pragma unroll
   for (int i = 0; i < VW; ++i) gk[i] = gv[i] = 0.f;
   const int64_t elo = a.ptr[col], ehi = a.ptr[col + 1];
+  const float keep_scale = a.drop.active ? a.drop.keep_scale : 1.f;
+  T* g_es = kHasScore<FEAT> && KIND != kGatv2 ? a.g_es : nullptr;
+  const bool first = o.c0 % F == 0;  // writes the head's d es
   for (int64_t e = elo; e < ehi; e += 2) {
     const bool two = e + 1 < ehi;
     const int64_t i0 = a.idx[e], i1 = two ? (int64_t)a.idx[e + 1] : i0;
@@ -156,8 +183,11 @@ __global__ void __launch_bounds__(kShortThreads)
       if (u == 1 && !two) break;
       const ItemP ip = unpack_item_p<KIND>(pt[u].x);
       float ds = pt[u].y - ip.p * d[u];
+      const float pv = !kHasDropout<FEAT> ? ip.p
+                       : ip.dropped      ? 0.f
+                                         : ip.p * keep_scale;
 #pragma unroll
-      for (int i = 0; i < VW; ++i) gv[i] = fmaf(ip.p, ox[u][i], gv[i]);
+      for (int i = 0; i < VW; ++i) gv[i] = fmaf(pv, ox[u][i], gv[i]);
       if constexpr (KIND == kDot) {
 #pragma unroll
         for (int i = 0; i < VW; ++i) gk[i] = fmaf(ds, qx[u][i], gk[i]);
@@ -165,6 +195,8 @@ __global__ void __launch_bounds__(kShortThreads)
         if (ip.negative) ds *= a.slope;  // leaky'(z), as the rows pass saw z
         gk_add += ds;
       }
+      if (g_es != nullptr && first)  // d es = ds (leaky' for 'add')
+        g_es[(u == 0 ? c0 : c1) * H + h] = from_float<T>(ds);
     }
   }
   store_vec<T, VW>(a.grad_b + col * HF + o.c0, gv);

@@ -108,11 +108,13 @@ void run_alpha(const Launch& L, const at::Tensor& scores) {
 }
 
 // Whether SMMF's rows go to the short-row kernel (fwd_rows_kernel.cuh):
-// no training features, the shapes and the rule of short_rows.cuh.
+// no edge key / value, the shapes and the rule of short_rows.cuh.
 inline bool short_rows(const Launch& L, int vw) {
-  return !L.features() && short_shapes(L.kind, L.vec, L.H, L.D, L.F, vw) &&
+  return !L.edge_key.defined() && !L.edge_value.defined() &&
+         short_shapes(L.kind, L.vec, L.H, L.D, L.F, vw) &&
          short_owners(short_rows_mode(), L.n_dst, L.n_edges,
-                      L.max_in_degree, short_lanes(L.H * L.F, vw));
+                      L.max_in_degree, short_lanes(L.H * L.F, vw),
+                      (int)(L.F / vw));
 }
 
 template <typename scalar_t>
@@ -122,14 +124,23 @@ void run_rows(const Launch& L) {
   const int64_t blocks = short_blocks(L.n_dst, lanes, kThreads);
   if (blocks <= 0) return;
   auto a = make_args<scalar_t, int32_t, true>(L);
+  at::Tensor scores;  // raw scores, only for the attention weights
+  if (L.alpha.defined()) {
+    scores = at::empty({L.n_edges, L.H}, L.value.options().dtype(at::kFloat));
+    a.scores = scores.data_ptr<float>();
+  }
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   PYG_DFGNN_DISPATCH_KIND(L.kind, [&] {
     if constexpr (KIND != kGatv2) {
-      rows_fwd_kernel<scalar_t, int32_t, KIND, VW>
-          <<<(unsigned)blocks, kThreads, 0, stream>>>(a, lanes);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      PYG_DFGNN_DISPATCH_FEAT(L.feature_level(), KIND == kAdd, KIND == kDot,
+                              FEAT, [&] {
+        rows_fwd_kernel<scalar_t, int32_t, KIND, VW, FEAT>
+            <<<(unsigned)blocks, kThreads, 0, stream>>>(a, lanes);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
     }
   });
+  run_alpha<scalar_t>(L, scores);
 }
 
 // SMMF (int32 col only: the host routes int64-indexed graphs to PMF); short

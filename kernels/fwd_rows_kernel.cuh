@@ -5,9 +5,11 @@
 // SMMF's block of 8 warps spent its time in the machinery around 32-edge
 // chunks (row counter, staged query, per-head softmax reductions) when a
 // row has ~2 edges (zinc-like under ncu: 33% of DRAM bandwidth, 1.2
-// eligible warps per scheduler). Plain path only (no training features),
-// 'dot' (D = F) and 'add'; the host takes it by short_rows.cuh's rule.
-// Same lse / out conventions as SMMF.
+// eligible warps per scheduler). 'dot' (D = F) and 'add'; the training
+// features of level FEAT (training_features.cuh) except edge keys / values:
+// the edge score, dropout (the same Philox mask as SMMF's) and the raw
+// scores for the attention weights. The host takes it by short_rows.cuh's
+// rule. Same lse / out conventions as SMMF.
 #pragma once
 
 #include "fwd_common.cuh"
@@ -16,7 +18,7 @@
 namespace pyg_dfgnn {
 namespace fwd {
 
-template <typename T, typename I, int KIND, int VW>
+template <typename T, typename I, int KIND, int VW, int FEAT>
 __global__ void __launch_bounds__(kThreads)
     rows_fwd_kernel(FwdArgs<T, I> a, int lanes) {
   static_assert(KIND == kDot || KIND == kAdd, "rows: 'dot' or 'add'");
@@ -33,15 +35,22 @@ __global__ void __launch_bounds__(kThreads)
   } else {
     qh = on ? to_float(a.q[row * H + h]) : 0.f;
   }
-  // the score of source j for this lane's head (all lanes of a head agree;
-  // every lane of the warp takes part in the shuffles)
-  auto score = [&](int64_t j, const float (&k)[VW]) -> float {
+  // the score of edge e from source j for this lane's head (all lanes of a
+  // head agree; every lane of the warp takes part in the shuffles)
+  const T* es = kHasScore<FEAT> ? a.et.es : nullptr;
+  auto score = [&](int64_t e, int64_t j, bool live,
+                   const float (&k)[VW]) -> float {
+    const float term =
+        es != nullptr && on && live ? to_float(es[e * H + h]) : 0.f;
     if constexpr (KIND == kDot) {
-      return head_dot<VW>(q, k, G) * a.scale;
+      return fmaf(head_dot<VW>(q, k, G), a.scale, term);
     } else {
-      return leaky_relu(qh + to_float(a.k[j * H + h]), a.slope);
+      return leaky_relu(qh + to_float(a.k[j * H + h]) + term, a.slope);
     }
   };
+  float* sc_out = kHasWeights<FEAT> ? a.scores : nullptr;
+  uint64_t seed, offset;
+  drop_begin<FEAT>(a.drop, seed, offset);
   const int64_t elo = has_row ? a.rowptr[row] : 0;
   const int64_t ehi = has_row ? a.rowptr[row + 1] : 0;
   // steps of two edges: the longest of the warp's rows (warp-uniform)
@@ -66,16 +75,24 @@ __global__ void __launch_bounds__(kThreads)
       load_vec<T, VW>(a.v + j0 * HF + c0, v0);
       load_vec<T, VW>(a.v + j1 * HF + c0, v1);
     }
-    const float s0 = score(j0, k0), s1r = score(j1, k1);
+    const float s0 = score(e, j0, one, k0), s1r = score(e + 1, j1, two, k1);
     if (!one) continue;  // (this row is done; the shuffles above ran)
     const float s1 = two ? s1r : -INFINITY;
+    if (sc_out != nullptr && on && c0 % F == 0) {  // the head's first lane
+      sc_out[e * H + h] = s0;
+      if (two) sc_out[(e + 1) * H + h] = s1;
+    }
     const float m_new = fmaxf(m, fmaxf(s0, s1));
     const float corr = expf(m - m_new);  // 0 on the first edge
     const float p0 = expf(s0 - m_new), p1 = two ? expf(s1 - m_new) : 0.f;
     l = fmaf(l, corr, p0 + p1);
+    // the row sum takes p; the aggregation the dropped p / (1 - drop)
+    const float f0 = drop_factor<FEAT>(a.drop, seed, offset, e, h);
+    const float f1 =
+        two ? drop_factor<FEAT>(a.drop, seed, offset, e + 1, h) : 0.f;
 #pragma unroll
     for (int i = 0; i < VW; ++i)
-      acc[i] = fmaf(p1, v1[i], fmaf(p0, v0[i], acc[i] * corr));
+      acc[i] = fmaf(p1 * f1, v1[i], fmaf(p0 * f0, v0[i], acc[i] * corr));
     m = m_new;
   }
   if (!on) return;

@@ -27,6 +27,15 @@ namespace pyg_dfgnn {
 constexpr int kShortMaxMeanDegree = 8;     // E / owners at most
 constexpr int kShortMaxDegree = 64;        // longest owner (a warp walks it)
 constexpr int64_t kShortMinWarps = 16384;  // warps at least
+// Narrow heads (session 15, scripts/short_vs_block.py): with at most 4
+// lanes a head (F <= 16 in fp32, 32 in half) the block kernels spend their
+// issue slots on per-(edge, head) item work (ncu: ~170 warp instructions
+// per edge at 4 x 16), and the short kernels win at any degree and size
+// measured -- fwd+bwd pattern-like (5M edges, degree 41) 4x16 / 8x16
+// 1.5-1.8x, 32 PATTERN graphs 1.05-2.05x, mnist- / zinc-like 1.6-2.0x --
+// up to a longest owner of kShortNarrowMaxDegree.
+constexpr int kShortNarrowHeadLanes = 4;
+constexpr int kShortNarrowMaxDegree = 256;
 
 // PYG_DFGNN_SHORT_ROWS (read per call): '0' keeps the block kernels, '1'
 // takes the short ones wherever the shapes allow (benchmarks compare the
@@ -36,7 +45,7 @@ inline char short_rows_mode() {
   return env != nullptr && *env != '\0' ? env[0] : 'a';
 }
 
-// The shapes they take: no training features (checked by the callers),
+// The shapes they take: no edge key / value (checked by the callers),
 // 'dot' with D = F or 'add', vector rows, a head's lanes F / vw a power of
 // two, one vector per lane covering H * F.
 inline bool short_shapes(int64_t kind, bool vec, int64_t H, int64_t D,
@@ -57,14 +66,19 @@ __host__ __device__ inline int short_lanes(int64_t hf, int vw) {
 }
 
 // The rule on the owners' side (CSR rows for the forward and the rows
-// pass, CSC columns for the cols pass; `lanes` of one owner): enough warps,
-// short owners, the longest known.
+// pass, CSC columns for the cols pass; `lanes` of one owner, `head_lanes`
+// of one head): narrow heads up to a longest owner, or enough warps of
+// short owners; the longest known either way.
 inline bool short_owners(char mode, int64_t n_owner, int64_t n_edges,
-                         int64_t max_degree, int lanes) {
+                         int64_t max_degree, int lanes, int head_lanes) {
   if (mode == '0') return false;
   if (mode == '1') return true;
+  if (max_degree < 0) return false;
+  if (head_lanes <= kShortNarrowHeadLanes &&
+      max_degree <= kShortNarrowMaxDegree)
+    return true;
   const int64_t warps = (n_owner * lanes + kWarpSize - 1) / kWarpSize;
-  return max_degree >= 0 && max_degree <= kShortMaxDegree &&
+  return max_degree <= kShortMaxDegree &&
          n_edges <= kShortMaxMeanDegree * n_owner && warps >= kShortMinWarps;
 }
 

@@ -6,12 +6,16 @@
 Edge terms of every kind (TransformerConv's shared key-value term too), the
 attention weights with a gradient in a permuted order, and dropout, in SMMF
 (staged batch windows) and PMF (a super node), fp32 and bf16, scalar (F = 17)
-and vector paths; the raw edge attribute kernels. Cases from
+and vector paths; the short-owner kernels with features (forced); the raw
+edge attribute kernels. Cases from
 tests/test_features_cuda.py and tests/test_edge_attr_cuda.py; exits non-zero
 if one is off.
 """
 import importlib.util
+import os
+import random
 import sys
+import zlib
 from pathlib import Path
 
 import torch
@@ -56,6 +60,25 @@ DROPOUT = [('add', 'smmf', torch.float32), ('dot', 'pmf', torch.bfloat16),
            ('gatv2', 'smmf', torch.float32)]
 
 
+SHORT = [  # short-owner kernels with features: kind, dtype, dropout, graph
+    ('add', torch.float32, 0.4, 'batch'),
+    ('dot', torch.bfloat16, 0.4, 'isolated'),
+    ('dot', torch.float32, 0.0, 'uniform')]
+
+
+def short_case(kind, dtype, dropout, graph_kind):
+    """test_short_owner_kernels_with_features' check without its profiler
+    (CUPTI beside the sanitizer)."""
+    os.environ['PYG_DFGNN_SHORT_ROWS'] = '1'
+    seed = zlib.crc32(f'short{kind}{dtype}{dropout}{graph_kind}'.encode())
+    gen = torch.Generator().manual_seed(seed)
+    ei, size = tf.random_graph(graph_kind, random.Random(seed))
+    graph = tf.DFGraph.from_edge_index(ei.cuda(), size=size)
+    t = tf.make_case(kind, 'es', graph, 2, 16, 16, dtype, gen)
+    torch.manual_seed(5)
+    tf.check_case(tf._cuda(), graph, kind, t, 'smmf', dtype, dropout, gen=gen)
+
+
 def main() -> int:
     failed = 0
     runs = [(tf.test_edge_terms_and_weights, c[:4] + (c[4], ), ' '.join(
@@ -66,7 +89,9 @@ def main() -> int:
                   'edge_attr ' + ' '.join(map(str, c))) for c in EDGE_ATTR] + [
                  (te.test_vector_rows_match_reference, c,
                   'edge_attr vector rows ' + ' '.join(map(str, c)))
-                 for c in VECTOR_ROWS]
+                 for c in VECTOR_ROWS] + [
+                 (short_case, c,
+                  'short ' + ' '.join(map(str, c))) for c in SHORT]
     for fn, args, name in runs:
         try:
             fn(*args)
@@ -74,6 +99,7 @@ def main() -> int:
         except AssertionError as e:
             failed += 1
             print('FAIL', name, e, flush=True)
+        os.environ.pop('PYG_DFGNN_SHORT_ROWS', None)
     torch.cuda.synchronize()
     return 1 if failed else 0
 

@@ -266,11 +266,13 @@ def test_weights_only_gradient():
 
 @pytest.mark.parametrize('dropout,attention,level', [
     (0.0, False, 1), (0.3, False, 2), (0.0, True, 2)])
-def test_feature_level_of_gat_edge_kernels(dropout, attention, level):
-    """GAT's edge term alone runs the kernels instantiated with the edge
-    score only (training_features.cuh's level 1: no dropout / weights /
+def test_feature_level_of_gat_edge_kernels(dropout, attention, level,
+                                          monkeypatch):
+    """GAT's edge term alone runs the block kernels instantiated with the
+    edge score only (training_features.cuh's level 1: no dropout / weights /
     edge key-value code); anything more, the full feature kernels."""
     _cuda()
+    monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', '0')  # (narrow heads)
     from pyg_dfgnn.nn import DFGATConv
     gen = torch.Generator().manual_seed(7)
     n = 600  # small graphs: SMMF, not the short-row path (features on)
@@ -295,12 +297,14 @@ def test_feature_level_of_gat_edge_kernels(dropout, attention, level):
 
 
 @pytest.mark.parametrize('dropout,level', [(0.0, 3), (0.3, 2)])
-def test_feature_level_of_transformer_edge_kernels(dropout, level):
-    """TransformerConv's edge term without dropout runs the 'dot' kernels
-    instantiated with the edge score and the weights only (level 3: no
-    dropout / edge key-value code); with dropout, the full feature
+def test_feature_level_of_transformer_edge_kernels(dropout, level,
+                                                  monkeypatch):
+    """TransformerConv's edge term without dropout runs the 'dot' block
+    kernels instantiated with the edge score and the weights only (level 3:
+    no dropout / edge key-value code); with dropout, the full feature
     kernels."""
     _cuda()
+    monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', '0')  # (narrow heads)
     from pyg_dfgnn.nn import DFTransformerConv
     gen = torch.Generator().manual_seed(8)
     n = 600
@@ -321,3 +325,45 @@ def test_feature_level_of_transformer_edge_kernels(dropout, level):
     assert fwd and all(m.split('(')[0].endswith(f', {level}>') for m in fwd)
     assert len(bwd) == 2 and all(
         f', {level}, false>' in m.split('(')[0] for m in bwd), bwd
+
+
+SHORT_KERNELS = ('rows_fwd_kernel', 'short_rows_bwd_kernel',
+                 'short_cols_bwd_kernel')
+
+
+@pytest.mark.parametrize('kind', ['add', 'dot'])
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize('dropout', [0.0, 0.4])
+@pytest.mark.parametrize('graph_kind', ['batch', 'uniform', 'isolated'])
+def test_short_owner_kernels_with_features(kind, dtype, dropout, graph_kind,
+                                           monkeypatch):
+    """The warp-per-owner kernels with the edge score, dropout and the
+    attention weights (and their gradient): out, weights and every gradient
+    against the reference with the kernels' own mask; all three short
+    kernels ran; the mask is SMMF's (same seed, same weights)."""
+    cuda = _cuda()
+    seed = zlib.crc32(f'short{kind}{dtype}{dropout}{graph_kind}'.encode())
+    gen = torch.Generator().manual_seed(seed)
+    ei, size = random_graph(graph_kind, random.Random(seed))
+    graph = DFGraph.from_edge_index(ei.cuda(), size=size)
+    t = make_case(kind, 'es', graph, 2, 16, 16, dtype, gen)
+    monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', '1')
+    torch.manual_seed(5)
+    with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        check_case(cuda, graph, kind, t, 'smmf', dtype, dropout, gen=gen)
+        torch.cuda.synchronize()
+    ran = {k for e in prof.events() for k in SHORT_KERNELS if k in e.name}
+    if graph.num_edges > 0:
+        assert ran == set(SHORT_KERNELS), ran
+    if dropout > 0:  # the same mask as the block kernels draw
+        torch.manual_seed(6)
+        with torch.no_grad():
+            _, short = fused(cuda, graph, kind, t, 'smmf', dropout,
+                             'after_dropout')
+        monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', '0')
+        torch.manual_seed(6)
+        with torch.no_grad():
+            _, block = fused(cuda, graph, kind, t, 'smmf', dropout,
+                             'after_dropout')
+        assert torch.equal(short != 0, block != 0)

@@ -158,3 +158,33 @@ def test_automatic_rule(monkeypatch):
                                        torch.ones_like(out))
         _, ran = short_kernels_run(step)
         assert ran == expect, (size, dtype, env, ran)
+
+
+def test_automatic_rule_narrow_heads(monkeypatch):
+    """Narrow heads (<= 4 lanes a head: 4 x 16 in fp32) take the short
+    kernels at any degree and size up to a longest owner of 256 (rows and
+    columns apart); wide heads (1 x 128) on the same graph do not."""
+    cuda = _cuda()
+    monkeypatch.delenv('PYG_DFGNN_SHORT_ROWS', raising=False)
+    gen = torch.Generator().manual_seed(1)
+    n = 3000
+    dense = torch.randint(0, n, (2, 30 * n), generator=gen)  # mean 30
+    fan = torch.stack([torch.arange(300), torch.zeros(300, dtype=torch.long)])
+    star = torch.cat([dense, fan], dim=1)  # one row of ~330 > 256
+    rows = {'rows_fwd_kernel', 'short_rows_bwd_kernel'}
+    cols = {'short_cols_bwd_kernel'}
+    for ei, (heads, f), expect in [(dense, (4, 16), rows | cols),
+                                   (dense, (1, 128), set()),
+                                   (star, (4, 16), cols),
+                                   (star.flip(0), (4, 16), rows)]:
+        g = DFGraph.from_edge_index(ei.cuda(), size=(n, n))
+        value, query, key, _ = make_inputs('dot', n, n, heads, f, f,
+                                           torch.float32, gen, True)
+
+        def step():
+            out = cuda.fused_attention_cuda(g, 'dot', value, query, key,
+                                            None, 0.1, 0.2, strategy='smmf')
+            return torch.autograd.grad(out, [value, query, key],
+                                       torch.ones_like(out))
+        _, ran = short_kernels_run(step)
+        assert ran == expect, (heads, f, ran)
