@@ -62,6 +62,8 @@ __global__ void __launch_bounds__(kShortThreads)
   const T* galpha = kHasWeights<FEAT> ? a.galpha : nullptr;
   uint64_t seed, offset;
   drop_begin<FEAT>(a.drop, seed, offset);
+  DropoutBatch<FEAT> drop(H, lanes);
+  const int batch = drop.batch_edges();
   for (unsigned st = 0; st < steps; ++st) {
     const int64_t e = elo + 2 * (int64_t)st;
     const bool one = e < ehi, two = e + 1 < ehi;
@@ -97,6 +99,10 @@ __global__ void __launch_bounds__(kShortThreads)
       }
       dp[u] = head_dot<VW>(dout, v[u], G);
     }
+    const int rel = 2 * (int)st, kb = rel % batch;
+    if (kb == 0) drop.refresh(a.drop, seed, offset, elo + rel);
+    const float fu[2] = {drop.factor(a.drop, seed, offset, e, kb, h),
+                         drop.factor(a.drop, seed, offset, e + 1, kb + 1, h)};
     if (!one) continue;  // (this row is done; the shuffles above ran)
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
@@ -104,7 +110,7 @@ __global__ void __launch_bounds__(kShortThreads)
       // out_i = sum_j f p_ij v_j: dL/dp_ij = f dp_ij (+ the returned
       // weights' own gradient)
       const float p = expf(s[u] - lse);
-      const float f = drop_factor<FEAT>(a.drop, seed, offset, e + u, h);
+      const float f = fu[u];
       float dpe = f * dp[u];
       if (galpha != nullptr) {
         const int64_t ea = a.aperm != nullptr ? (int64_t)a.aperm[e + u]

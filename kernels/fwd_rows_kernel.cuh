@@ -51,6 +51,8 @@ __global__ void __launch_bounds__(kThreads)
   float* sc_out = kHasWeights<FEAT> ? a.scores : nullptr;
   uint64_t seed, offset;
   drop_begin<FEAT>(a.drop, seed, offset);
+  DropoutBatch<FEAT> drop(H, lanes);
+  const int batch = drop.batch_edges();
   const int64_t elo = has_row ? a.rowptr[row] : 0;
   const int64_t ehi = has_row ? a.rowptr[row + 1] : 0;
   // steps of two edges: the longest of the warp's rows (warp-uniform)
@@ -76,6 +78,11 @@ __global__ void __launch_bounds__(kThreads)
       load_vec<T, VW>(a.v + j1 * HF + c0, v1);
     }
     const float s0 = score(e, j0, one, k0), s1r = score(e + 1, j1, two, k1);
+    // the aggregation takes the dropped p / (1 - drop), the row sum p
+    const int rel = 2 * (int)st, k = rel % batch;
+    if (k == 0) drop.refresh(a.drop, seed, offset, elo + rel);
+    const float f0 = drop.factor(a.drop, seed, offset, e, k, h);
+    const float f1 = drop.factor(a.drop, seed, offset, e + 1, k + 1, h);
     if (!one) continue;  // (this row is done; the shuffles above ran)
     const float s1 = two ? s1r : -INFINITY;
     if (sc_out != nullptr && on && c0 % F == 0) {  // the head's first lane
@@ -86,10 +93,6 @@ __global__ void __launch_bounds__(kThreads)
     const float corr = expf(m - m_new);  // 0 on the first edge
     const float p0 = expf(s0 - m_new), p1 = two ? expf(s1 - m_new) : 0.f;
     l = fmaf(l, corr, p0 + p1);
-    // the row sum takes p; the aggregation the dropped p / (1 - drop)
-    const float f0 = drop_factor<FEAT>(a.drop, seed, offset, e, h);
-    const float f1 =
-        two ? drop_factor<FEAT>(a.drop, seed, offset, e + 1, h) : 0.f;
 #pragma unroll
     for (int i = 0; i < VW; ++i)
       acc[i] = fmaf(p1 * f1, v1[i], fmaf(p0 * f0, v0[i], acc[i] * corr));

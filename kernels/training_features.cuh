@@ -31,10 +31,10 @@ struct EdgeTerms {
 // key seed, word h % 4. The forward takes (seed, offset) from PyTorch's CUDA
 // generator (at::PhiloxCudaState: graph-safe under CUDA graph capture) and
 // writes them to `saved` for the backward, which reads them there.
-__device__ __forceinline__ uint32_t philox_word(uint64_t seed,
-                                                uint64_t offset, uint64_t e,
-                                                int h) {
-  uint32_t c0 = (uint32_t)e, c1 = ((uint32_t)(e >> 32) << 5) | (h >> 2);
+// The four words of heads 4 quad .. 4 quad + 3 of edge e.
+__device__ __forceinline__ uint4 philox4(uint64_t seed, uint64_t offset,
+                                         uint64_t e, int quad) {
+  uint32_t c0 = (uint32_t)e, c1 = ((uint32_t)(e >> 32) << 5) | quad;
   uint32_t c2 = (uint32_t)offset, c3 = (uint32_t)(offset >> 32);
   uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
 #pragma unroll
@@ -48,8 +48,14 @@ __device__ __forceinline__ uint32_t philox_word(uint64_t seed,
     k0 += 0x9E3779B9u;
     k1 += 0xBB67AE85u;
   }
+  return make_uint4(c0, c1, c2, c3);
+}
+__device__ __forceinline__ uint32_t philox_word(uint64_t seed,
+                                                uint64_t offset, uint64_t e,
+                                                int h) {
+  const uint4 c = philox4(seed, offset, e, h >> 2);
   const int w = h & 3;
-  return w == 0 ? c0 : w == 1 ? c1 : w == 2 ? c2 : c3;
+  return w == 0 ? c.x : w == 1 ? c.y : w == 2 ? c.z : c.w;
 }
 
 struct DropoutMask {
@@ -130,6 +136,52 @@ __device__ __forceinline__ float drop_factor(const DropoutMask& d,
   if constexpr (kHasDropout<FEAT>) return d.factor(seed, offset, e, h);
   return 1.f;
 }
+
+// The mask in the warp-per-owner kernels (short_rows.cuh), whose lanes hold
+// an owner's heads and walk its edges together: one Philox call per lane
+// per batch of edges instead of one per lane per edge. Lane li of an
+// owner's `lanes` draws edge base + li / Q, heads 4 (li % Q) .. + 3 (Q =
+// ceil(H / 4) quads), and keeps their dropped bits; a lane fetches the bit
+// of its (edge, head) from that lane by a shuffle. A batch covers
+// batch_edges() edges (even: the kernels step two at a time; owners of
+// fewer than 2 Q lanes draw each (edge, head) themselves); every lane of
+// the warp takes part in refresh() and factor() (warp-uniform calls).
+template <int FEAT>
+struct DropoutBatch {
+  unsigned bits = 0;
+  int Q = 1, lanes = 1;
+  __device__ __forceinline__ DropoutBatch(int H, int owner_lanes)
+      : Q((H + 3) / 4), lanes(owner_lanes) {}
+  __device__ __forceinline__ int batch_edges() const {
+    const int b = (lanes / Q) & ~1;
+    return b >= 2 ? b : 1 << 30;  // (direct draws: one batch)
+  }
+  __device__ __forceinline__ bool direct() const { return lanes < 2 * Q; }
+  // The dropped bits of the batch starting at edge `base` of this owner.
+  __device__ __forceinline__ void refresh(const DropoutMask& d,
+                                          uint64_t seed, uint64_t offset,
+                                          int64_t base) {
+    if constexpr (!kHasDropout<FEAT>) return;
+    if (!d.active || direct()) return;
+    const int li = (int)(threadIdx.x % kWarpSize) % lanes;
+    const uint4 w = philox4(seed, offset, (uint64_t)(base + li / Q), li % Q);
+    bits = (unsigned)(w.x < d.threshold) | (unsigned)(w.y < d.threshold) << 1 |
+           (unsigned)(w.z < d.threshold) << 2 |
+           (unsigned)(w.w < d.threshold) << 3;
+  }
+  // The factor of edge e = base + k, head h: 0, 1 / (1 - p), or 1 (off).
+  __device__ __forceinline__ float factor(const DropoutMask& d,
+                                          uint64_t seed, uint64_t offset,
+                                          int64_t e, int k, int h) const {
+    if constexpr (!kHasDropout<FEAT>) return 1.f;
+    if (!d.active) return 1.f;
+    if (direct()) return d.factor(seed, offset, e, h);
+    const int lane = (int)(threadIdx.x % kWarpSize);
+    const int src = lane - lane % lanes + k * Q + (h >> 2);
+    const unsigned b = __shfl_sync(0xffffffffu, bits, src & (kWarpSize - 1));
+    return (b >> (h & 3)) & 1u ? 0.f : d.keep_scale;
+  }
+};
 
 // Host: the mask of drop probability p (inactive for p = 0); the backward
 // passes the forward's saved [seed, offset].
