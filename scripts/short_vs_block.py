@@ -13,7 +13,6 @@ the shapes allow), interleaved. For setting the rule in
 import argparse
 import json
 import os
-import statistics
 import sys
 
 import torch
@@ -22,19 +21,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, 'benchmarks')]
 
 
-def timed(fn, reps=30):
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(reps):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+def timed(fn):
+    from bench_backward import time_ms  # median of per-call CUDA events
+    return time_ms(fn, reps=30, warmup=5)
 
 
 def main():

@@ -115,6 +115,21 @@ def test_short_rows_match_reference(graph, kind, dtype, heads, f,
         assert err <= TOL_GRAD[dtype], f'grad_{name} {err:.2e}: {tag}'
 
 
+def rule_run(cuda, ei, size, heads, f, dtype, gen):
+    """The short-owner kernels a 'dot' forward + backward ran (SMMF, the
+    automatic rule unless PYG_DFGNN_SHORT_ROWS says otherwise)."""
+    g = DFGraph.from_edge_index(ei.cuda(), size=(size, size))
+    value, query, key, _ = make_inputs('dot', size, size, heads, f, f,
+                                       dtype, gen, True)
+
+    def step():
+        out = cuda.fused_attention_cuda(g, 'dot', value, query, key, None,
+                                        0.1, 0.2, strategy='smmf')
+        return torch.autograd.grad(out, [value, query, key],
+                                   torch.ones_like(out))
+    return short_kernels_run(step)[1]
+
+
 def test_automatic_rule(monkeypatch):
     """Taken for many short owners; not for few warps (20,010 rows: a warp
     each in fp32 1 x 128, half as many warps in bf16), dense or long ones,
@@ -147,16 +162,7 @@ def test_automatic_rule(monkeypatch):
             monkeypatch.delenv('PYG_DFGNN_SHORT_ROWS', raising=False)
         else:
             monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', env)
-        g = DFGraph.from_edge_index(ei.cuda(), size=(size, size))
-        value, query, key, _ = make_inputs('dot', size, size, 1, 128, 128,
-                                           dtype, gen, True)
-
-        def step():
-            out = cuda.fused_attention_cuda(g, 'dot', value, query, key,
-                                            None, 0.1, 0.2, strategy='smmf')
-            return torch.autograd.grad(out, [value, query, key],
-                                       torch.ones_like(out))
-        _, ran = short_kernels_run(step)
+        ran = rule_run(cuda, ei, size, 1, 128, dtype, gen)
         assert ran == expect, (size, dtype, env, ran)
 
 
@@ -177,14 +183,5 @@ def test_automatic_rule_narrow_heads(monkeypatch):
                                    (dense, (1, 128), set()),
                                    (star, (4, 16), cols),
                                    (star.flip(0), (4, 16), rows)]:
-        g = DFGraph.from_edge_index(ei.cuda(), size=(n, n))
-        value, query, key, _ = make_inputs('dot', n, n, heads, f, f,
-                                           torch.float32, gen, True)
-
-        def step():
-            out = cuda.fused_attention_cuda(g, 'dot', value, query, key,
-                                            None, 0.1, 0.2, strategy='smmf')
-            return torch.autograd.grad(out, [value, query, key],
-                                       torch.ones_like(out))
-        _, ran = short_kernels_run(step)
+        ran = rule_run(cuda, ei, n, heads, f, torch.float32, gen)
         assert ran == expect, (heads, f, ran)
