@@ -47,8 +47,9 @@ __device__ __forceinline__ void cols_items_recompute(
                                           a.slope, ek);
         pd[u] = dot_part<T, VW>(
             w.vown + h * F, ob + ir * HF + h * F,
-            (kHasEdgeKV<FEAT> && a.et.ev != nullptr) ? a.et.ev + ecsr * HF + h * F
-                                         : nullptr,
+            (kHasEdgeKV<FEAT> && a.et.ev != nullptr)
+                ? a.et.ev + ecsr * HF + h * F
+                : nullptr,
             F, lg * VW, G * VW);
       }
     }
@@ -63,18 +64,20 @@ __device__ __forceinline__ void cols_items_recompute(
         float sc = sp, gz = 1.f;
         if constexpr (KIND == kDot) {
           sc = sp * a.scale;
-          if ((kHasScore<FEAT> && a.et.es != nullptr)) sc += to_float(a.et.es[ecsr * H + h]);
+          if (kHasScore<FEAT> && a.et.es != nullptr)
+            sc += to_float(a.et.es[ecsr * H + h]);
         }
         if constexpr (KIND == kAdd) {
           float z = to_float(qb[ir * H + h]) + w.own[h];
-          if ((kHasScore<FEAT> && a.et.es != nullptr)) z += to_float(a.et.es[ecsr * H + h]);
+          if (kHasScore<FEAT> && a.et.es != nullptr)
+            z += to_float(a.et.es[ecsr * H + h]);
           sc = leaky_relu(z, a.slope);
           gz = leaky_relu_grad(z, a.slope);
         }
         const float p = expf(sc - a.lse[(lo + (int64_t)ir) * H + h]);
         const float f = drop_factor<FEAT>(a.drop, seed, offset, ecsr, h);
         float dpe = f * dp;
-        if ((kHasWeights<FEAT> && a.galpha != nullptr)) {
+        if (kHasWeights<FEAT> && a.galpha != nullptr) {
           const int64_t ea = a.aperm != nullptr ? (int64_t)a.aperm[ecsr] : ecsr;
           dpe = fmaf(to_float(a.galpha[ea * H + h]),
                      a.galpha_dropped ? f : 1.f, dpe);
@@ -84,7 +87,8 @@ __device__ __forceinline__ void cols_items_recompute(
         float ds = t - p * db[ir * H + h];
         if constexpr (KIND == kAdd) ds *= gz;
         if constexpr (KIND != kGatv2)  // d es = ds (leaky' for 'add')
-          if ((kHasScore<FEAT> && a.g_es != nullptr)) a.g_es[ecsr * H + h] = from_float<T>(ds);
+          if (kHasScore<FEAT> && a.g_es != nullptr)
+            a.g_es[ecsr * H + h] = from_float<T>(ds);
         w.t[h * C + e] = ds;
       }
     }
@@ -164,9 +168,10 @@ __device__ __forceinline__ void cols_pass(const BwdArgs<T, I>& a,
         // ds only when this pass has dK slots (or 'add's d a_src)
         // (gatv2 always: the branch costs it registers)
         // (and in every pass for the shared edge gradient's dV slots)
-        const bool need_ds = KIND == kAdd   ? pass == 0
-                             : KIND == kDot ? c0 < slots_k || (kHasEdgeKV<FEAT> && a.ekv_shared)
-                                            : true;
+        const bool need_ds =
+            KIND == kAdd   ? pass == 0
+            : KIND == kDot ? c0 < slots_k || (kHasEdgeKV<FEAT> && a.ekv_shared)
+                           : true;
         if constexpr (LEAN)
           cols_items_recompute<T, I, KIND, VW, OFF, FEAT>(
               a, w, n, G, ng, gi, lg, qb, ob, db, lo, att, seed, offset);
@@ -176,7 +181,9 @@ __device__ __forceinline__ void cols_pass(const BwdArgs<T, I>& a,
           const ItemP ip = unpack_item_p<KIND>(pt.x);
           const float p = ip.p;
           // dV takes the dropped p' = f p
-          w.p[h * C + e] = !kHasDropout<FEAT> ? p : ip.dropped ? 0.f : p * keep_scale;
+          w.p[h * C + e] = !kHasDropout<FEAT> ? p
+                           : ip.dropped      ? 0.f
+                                             : p * keep_scale;
           if (!need_ds) continue;
           const OFF ir = (OFF)w.j[e];
           float ds = pt.y - p * db[ir * H + h];
@@ -218,7 +225,7 @@ __device__ __forceinline__ void cols_pass(const BwdArgs<T, I>& a,
                   float kx[VW], ax[VW];
                   load_smem<VW>(w.own + sl * VW, kx);
                   load_smem<VW>(att + sl * VW, ax);
-                  if ((kHasEdgeKV<FEAT> && a.et.ek != nullptr))
+                  if (kHasEdgeKV<FEAT> && a.et.ek != nullptr)
                     add_vec<T, VW>(a.et.ek + ecsr * HD_k + sl * VW, kx);
 #pragma unroll
                   for (int i = 0; i < VW; ++i) {
@@ -236,7 +243,7 @@ __device__ __forceinline__ void cols_pass(const BwdArgs<T, I>& a,
                 const int sv = sl - slots_k;
 #pragma unroll
                 for (int i = 0; i < VW; ++i) acc[s][i] = fmaf(p, x[i], acc[s][i]);
-                if ((kHasEdgeKV<FEAT> && a.g_ev != nullptr)) {
+                if (kHasEdgeKV<FEAT> && a.g_ev != nullptr) {
                   float gv[VW];  // p' dO_i (+ scale ds q_i when ek = ev)
 #pragma unroll
                   for (int i = 0; i < VW; ++i) gv[i] = p * x[i];

@@ -22,7 +22,7 @@
 //
 // Training features (runtime switches, as in the forward; the kernels are
 // instantiated per feature level, training_features.cuh: none, the edge
-// score alone ('add'), all):
+// score alone ('add'), the edge score and weights ('dot'), all):
 //   edge terms: es / ek join the score recompute in both passes, ev the
 //   dp_ij = <dO_i, v_j + ev_ij> of the rows pass; their gradients are
 //   per-edge products the cols pass forms anyway -- d es = ds leaky'(z)

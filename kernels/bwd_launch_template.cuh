@@ -208,9 +208,10 @@ void run_passes(Args& A, int optin) {
   // Short owners (short_rows.cuh's shapes and rule, rows and columns
   // apart): the warp-per-owner passes; plain path with ebuf stored.
   const char mode = short_rows_mode();
-  const bool short_ok = VEC && KIND != kGatv2 && !lean &&
-                        !A.edge_key.defined() && !A.edge_value.defined() &&
-                        short_shapes(KIND, VEC, H, D, F, VW);
+  const bool short_ok =
+      VEC && KIND != kGatv2 && !lean &&
+      short_shapes(KIND, VEC, H, D, F, VW,
+                   A.edge_key.defined() || A.edge_value.defined());
   const int lanes = short_lanes((int64_t)H * F, VW);
   const bool short_rows =
       short_ok &&

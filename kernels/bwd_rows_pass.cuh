@@ -100,13 +100,15 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
                 ps[u] = score_part<KIND, T, VW>(
                     w.own + h * D, kb + jr * HD_k + h * D, att + h * D, D,
                     lg * VW, G * VW, a.slope,
-                    (kHasEdgeKV<FEAT> && a.et.ek != nullptr) ? a.et.ek + (cb + e) * HD_k + h * D
-                                       : nullptr);
+                    (kHasEdgeKV<FEAT> && a.et.ek != nullptr)
+                        ? a.et.ek + (cb + e) * HD_k + h * D
+                        : nullptr);
               pd[u] = score_part<kDot, T, VW>(
                   w.own2 + h * F, vb + jr * HF + h * F, nullptr, F, lg * VW,
                   G * VW, 0.f,
-                  (kHasEdgeKV<FEAT> && a.et.ev != nullptr) ? a.et.ev + (cb + e) * HF + h * F
-                                     : nullptr);
+                  (kHasEdgeKV<FEAT> && a.et.ev != nullptr)
+                      ? a.et.ev + (cb + e) * HF + h * F
+                      : nullptr);
             }
           }
 #pragma unroll
@@ -118,12 +120,12 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
               float sc = sp, gz = 1.f;
               if constexpr (KIND == kDot) {
                 sc = sp * a.scale;
-                if ((kHasScore<FEAT> && a.et.es != nullptr))
+                if (kHasScore<FEAT> && a.et.es != nullptr)
                   sc += to_float(a.et.es[(cb + e) * H + h]);
               }
               if constexpr (KIND == kAdd) {
                 float z = w.own[h] + to_float(kb[(OFF)w.j[e] * H + h]);
-                if ((kHasScore<FEAT> && a.et.es != nullptr))
+                if (kHasScore<FEAT> && a.et.es != nullptr)
                   z += to_float(a.et.es[(cb + e) * H + h]);
                 sc = leaky_relu(z, a.slope);
                 gz = leaky_relu_grad(z, a.slope);
@@ -131,9 +133,10 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
               const float p = expf(sc - lse_h[h]);
               // out_i = sum_j f p_ij (v_j + ev_ij): dL/dp_ij = f dp_ij
               // (+ the returned weights' own gradient)
-              const float f = drop_factor<FEAT>(a.drop, seed, offset, cb + e, h);
+              const float f =
+                  drop_factor<FEAT>(a.drop, seed, offset, cb + e, h);
               float dpe = f * dp;
-              if ((kHasWeights<FEAT> && a.galpha != nullptr)) {
+              if (kHasWeights<FEAT> && a.galpha != nullptr) {
                 const int64_t ea = a.aperm != nullptr
                                        ? (int64_t)a.aperm[cb + e] : cb + e;
                 dpe = fmaf(to_float(a.galpha[ea * H + h]),
@@ -142,7 +145,8 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
               const float t = p * dpe;
               if (pass == 0 && !lean)
                 a.ebuf[(cb + e) * H + h] = make_float2(
-                    pack_item_p<KIND>(p, f == 0.f, KIND == kAdd && gz != 1.f), t);
+                    pack_item_p<KIND>(p, f == 0.f, KIND == kAdd && gz != 1.f),
+                    t);
               w.t[h * C + e] = t;
               w.p[h * C + e] = p * gz;
               if constexpr (KIND == kAdd) w.g[h * C + e] = t * gz;
@@ -173,7 +177,7 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
                 float x[VW];  // k_j + ek_ij
 #pragma unroll
                 for (int i = 0; i < VW; ++i) x[i] = xk[i];
-                if ((kHasEdgeKV<FEAT> && a.et.ek != nullptr))
+                if (kHasEdgeKV<FEAT> && a.et.ek != nullptr)
                   add_vec<T, VW>(a.et.ek + (cb + e) * HD_k + sl * VW, x);
                 if constexpr (KIND == kDot) {
 #pragma unroll

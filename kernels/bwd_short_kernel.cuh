@@ -63,7 +63,6 @@ __global__ void __launch_bounds__(kShortThreads)
   uint64_t seed, offset;
   drop_begin<FEAT>(a.drop, seed, offset);
   DropoutBatch<FEAT> drop(H, lanes);
-  const int batch = drop.batch_edges();
   for (unsigned st = 0; st < steps; ++st) {
     const int64_t e = elo + 2 * (int64_t)st;
     const bool one = e < ehi, two = e + 1 < ehi;
@@ -99,10 +98,8 @@ __global__ void __launch_bounds__(kShortThreads)
       }
       dp[u] = head_dot<VW>(dout, v[u], G);
     }
-    const int rel = 2 * (int)st, kb = rel % batch;
-    if (kb == 0) drop.refresh(a.drop, seed, offset, elo + rel);
-    const float fu[2] = {drop.factor(a.drop, seed, offset, e, kb, h),
-                         drop.factor(a.drop, seed, offset, e + 1, kb + 1, h)};
+    float fu[2];
+    drop.step(a.drop, seed, offset, elo, e, st, h, fu);
     if (!one) continue;  // (this row is done; the shuffles above ran)
 #pragma unroll
     for (int u = 0; u < 2; ++u) {

@@ -169,8 +169,8 @@ __global__ void __launch_bounds__(kThreads)
 // blocks' partials leave once (summed on the host: deterministic). An
 // edge's handed loop weight is found through the map's edge_row, loaded
 // with the tile's index: no search. Shared rows move VW floats per access
-// (the L1 / shared pipe was the kernel's limit: 85% busy under ncu).
-// Persistent blocks. (Session 12's first fold summed each tile's products
+// (session 15: 0.42 -> 0.41 ms on gat-edge; ncu's busy L1 / shared pipe is
+// not these loads). Persistent blocks. (Session 12's first fold summed each tile's products
 // through shared memory under seven barriers per tile: 0.74 ms on
 // gat-edge, against ~0.25 for its traffic.)
 constexpr int kGradTileFloats = 4096;  // s_w and s_x: floats each

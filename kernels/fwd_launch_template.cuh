@@ -85,6 +85,13 @@ inline SmmfLayout smmf_launch_layout(const Launch& L, int64_t span,
                      L.value.element_size());
 }
 
+// The kernels' raw scores, only where the attention weights are asked.
+inline at::Tensor scores_buffer(const Launch& L) {
+  return L.alpha.defined() ? at::empty({L.n_edges, L.H},
+                                       L.value.options().dtype(at::kFloat))
+                           : at::Tensor();
+}
+
 // The attention weights from the raw scores, once lse is final.
 template <typename scalar_t>
 void run_alpha(const Launch& L, const at::Tensor& scores) {
@@ -110,8 +117,8 @@ void run_alpha(const Launch& L, const at::Tensor& scores) {
 // Whether SMMF's rows go to the short-row kernel (fwd_rows_kernel.cuh):
 // no edge key / value, the shapes and the rule of short_rows.cuh.
 inline bool short_rows(const Launch& L, int vw) {
-  return !L.edge_key.defined() && !L.edge_value.defined() &&
-         short_shapes(L.kind, L.vec, L.H, L.D, L.F, vw) &&
+  return short_shapes(L.kind, L.vec, L.H, L.D, L.F, vw,
+                      L.edge_key.defined() || L.edge_value.defined()) &&
          short_owners(short_rows_mode(), L.n_dst, L.n_edges,
                       L.max_in_degree, short_lanes(L.H * L.F, vw),
                       (int)(L.F / vw));
@@ -124,11 +131,8 @@ void run_rows(const Launch& L) {
   const int64_t blocks = short_blocks(L.n_dst, lanes, kThreads);
   if (blocks <= 0) return;
   auto a = make_args<scalar_t, int32_t, true>(L);
-  at::Tensor scores;  // raw scores, only for the attention weights
-  if (L.alpha.defined()) {
-    scores = at::empty({L.n_edges, L.H}, L.value.options().dtype(at::kFloat));
-    a.scores = scores.data_ptr<float>();
-  }
+  const at::Tensor scores = scores_buffer(L);
+  if (scores.defined()) a.scores = scores.data_ptr<float>();
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   PYG_DFGNN_DISPATCH_KIND(L.kind, [&] {
     if constexpr (KIND != kGatv2) {
@@ -163,9 +167,7 @@ void run_smmf(const Launch& L) {
                              : (L.n_dst + kSmmfPlainRows - 1) / kSmmfPlainRows;
   if (blocks <= 0) return;
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  at::Tensor scores;  // raw scores, only for the attention weights
-  if (L.alpha.defined())
-    scores = at::empty({L.n_edges, L.H}, L.value.options().dtype(at::kFloat));
+  const at::Tensor scores = scores_buffer(L);
   PYG_DFGNN_DISPATCH_BOOL(L.vec, VEC, [&] {
     auto a = make_args<scalar_t, index_t, VEC>(L);
     if (scores.defined()) a.scores = scores.data_ptr<float>();

@@ -42,13 +42,15 @@ __global__ void __launch_bounds__(kThreads)
         const int64_t j = (int64_t)a.col[e];
         if constexpr (KIND == kAdd) {
           float x = to_float(a.q[r * H + h]) + to_float(a.k[j * H + h]);
-          if ((kHasScore<FEAT> && a.et.es != nullptr)) x += to_float(a.et.es[it]);
+          if (kHasScore<FEAT> && a.et.es != nullptr)
+            x += to_float(a.et.es[it]);
           acc[u] = leaky_relu(x, a.slope);
         } else {
           acc[u] = score_part_global<KIND, T, VW>(
               a.q + r * HD + (int64_t)h * D, a.k + j * HD + (int64_t)h * D,
               a.att + (int64_t)h * D, D, lg * VW, G * VW, a.slope,
-              (kHasEdgeKV<FEAT> && a.et.ek != nullptr) ? a.et.ek + it * D : nullptr);
+              (kHasEdgeKV<FEAT> && a.et.ek != nullptr) ? a.et.ek + it * D
+                                                       : nullptr);
         }
       }
     }
@@ -100,7 +102,8 @@ __global__ void __launch_bounds__(kThreads)
     if constexpr (ADD_SCORES) {
       float x = to_float(a.q[r * H + h]) +
                 to_float(a.k[(int64_t)a.col[e] * H + h]);
-      if ((kHasScore<FEAT> && a.et.es != nullptr)) x += to_float(a.et.es[e * H + h]);
+      if (kHasScore<FEAT> && a.et.es != nullptr)
+        x += to_float(a.et.es[e * H + h]);
       return leaky_relu(x, a.slope);
     } else {
       return scores[e * H + h];
@@ -147,7 +150,7 @@ __global__ void __launch_bounds__(kThreads)
       __syncwarp();
       spmm_accumulate<T, VW, SLOTS>(acc, slots, c0, group, ls, sub, 0, tn, hs,
                                     v_row, get_p);
-      if ((kHasEdgeKV<FEAT> && a.et.ev != nullptr))
+      if (kHasEdgeKV<FEAT> && a.et.ev != nullptr)
         spmm_accumulate<T, VW, SLOTS>(
             acc, slots, c0, group, ls, sub, 0, tn, hs,
             [&](int e) -> const T* { return a.et.ev + (es + t0 + e) * HF; },

@@ -52,7 +52,6 @@ __global__ void __launch_bounds__(kThreads)
   uint64_t seed, offset;
   drop_begin<FEAT>(a.drop, seed, offset);
   DropoutBatch<FEAT> drop(H, lanes);
-  const int batch = drop.batch_edges();
   const int64_t elo = has_row ? a.rowptr[row] : 0;
   const int64_t ehi = has_row ? a.rowptr[row + 1] : 0;
   // steps of two edges: the longest of the warp's rows (warp-uniform)
@@ -79,10 +78,8 @@ __global__ void __launch_bounds__(kThreads)
     }
     const float s0 = score(e, j0, one, k0), s1r = score(e + 1, j1, two, k1);
     // the aggregation takes the dropped p / (1 - drop), the row sum p
-    const int rel = 2 * (int)st, k = rel % batch;
-    if (k == 0) drop.refresh(a.drop, seed, offset, elo + rel);
-    const float f0 = drop.factor(a.drop, seed, offset, e, k, h);
-    const float f1 = drop.factor(a.drop, seed, offset, e + 1, k + 1, h);
+    float f[2];
+    drop.step(a.drop, seed, offset, elo, e, st, h, f);
     if (!one) continue;  // (this row is done; the shuffles above ran)
     const float s1 = two ? s1r : -INFINITY;
     if (sc_out != nullptr && on && c0 % F == 0) {  // the head's first lane
@@ -95,7 +92,7 @@ __global__ void __launch_bounds__(kThreads)
     l = fmaf(l, corr, p0 + p1);
 #pragma unroll
     for (int i = 0; i < VW; ++i)
-      acc[i] = fmaf(p1 * f1, v1[i], fmaf(p0 * f0, v0[i], acc[i] * corr));
+      acc[i] = fmaf(p1 * f[1], v1[i], fmaf(p0 * f[0], v0[i], acc[i] * corr));
     m = m_new;
   }
   if (!on) return;

@@ -96,13 +96,16 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
         // SDDMM over the chunk's (edge, head) items, two per group in flight
         const int n_items = n * H;
         // raw scores for the attention weights: first feature pass only
-        float* sc_out = c0 == 0 && (kHasWeights<FEAT> && a.scores != nullptr) ? a.scores + cb * H
-                                                       : nullptr;
+        float* sc_out =
+            c0 == 0 && kHasWeights<FEAT> && a.scores != nullptr
+                ? a.scores + cb * H
+                : nullptr;
         if constexpr (KIND == kAdd) {
           for (int it = lane; it < n_items; it += kWarpSize) {
             const int e = (int)(((unsigned)it * h_magic) >> 20), h = it - e * H;
             float x = w.q[h] + to_float(kb[(OFF)w.j[e] * H + h]);
-            if ((kHasScore<FEAT> && a.et.es != nullptr)) x += to_float(a.et.es[(cb + e) * H + h]);
+            if (kHasScore<FEAT> && a.et.es != nullptr)
+              x += to_float(a.et.es[(cb + e) * H + h]);
             const float sc = leaky_relu(x, a.slope);
             w.p[h * C + e] = sc;
             if (sc_out != nullptr) sc_out[it] = sc;
@@ -124,8 +127,9 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
                 part[u] = score_part<KIND, T, VW>(
                     w.q + h * D, kb + (OFF)w.j[e] * HD_k + h * D, att + h * D,
                     D, lg * VW, G * VW, a.slope,
-                    (kHasEdgeKV<FEAT> && a.et.ek != nullptr) ? a.et.ek + (cb + e) * HD_k + h * D
-                                       : nullptr);
+                    (kHasEdgeKV<FEAT> && a.et.ek != nullptr)
+                        ? a.et.ek + (cb + e) * HD_k + h * D
+                        : nullptr);
               }
             }
 #pragma unroll
@@ -150,7 +154,8 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
           const float p = lane < n ? expf(sc - m_new) : 0.f;
           // the row sum takes p; the SpMM the dropped p / (1 - drop)
           if (lane < n)
-            w.p[h * C + lane] = p * drop_factor<FEAT>(a.drop, seed, offset, cb + lane, h);
+            w.p[h * C + lane] =
+                p * drop_factor<FEAT>(a.drop, seed, offset, cb + lane, h);
           const float sum = warp_sum(p);
           __syncwarp();
           if (lane == 0) {
@@ -172,7 +177,8 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
         }
         spmm_accumulate<T, VW, SLOTS>(acc, slots, c0, group, ls, sub, 0, n, hs,
                                       v_row, get_p);
-        if ((kHasEdgeKV<FEAT> && a.et.ev != nullptr))  // the edges' value terms: rows in CSR order
+        // the edges' value terms: rows in CSR order
+        if (kHasEdgeKV<FEAT> && a.et.ev != nullptr)
           spmm_accumulate<T, VW, SLOTS>(
               acc, slots, c0, group, ls, sub, 0, n, hs,
               [&](int e) -> const T* { return a.et.ev + (cb + e) * HF; },

@@ -45,12 +45,12 @@ inline char short_rows_mode() {
   return env != nullptr && *env != '\0' ? env[0] : 'a';
 }
 
-// The shapes they take: no edge key / value (checked by the callers),
-// 'dot' with D = F or 'add', vector rows, a head's lanes F / vw a power of
-// two, one vector per lane covering H * F.
+// The shapes they take: no edge key / value (`edge_kv`), 'dot' with D = F
+// or 'add', vector rows, a head's lanes F / vw a power of two, one vector
+// per lane covering H * F.
 inline bool short_shapes(int64_t kind, bool vec, int64_t H, int64_t D,
-                         int64_t F, int vw) {
-  if (!vec || (kind != kDot && kind != kAdd) || F % vw != 0 ||
+                         int64_t F, int vw, bool edge_kv) {
+  if (edge_kv || !vec || (kind != kDot && kind != kAdd) || F % vw != 0 ||
       H * F > (int64_t)kWarpSize * vw || (kind == kDot && D != F))
     return false;
   const int64_t lanes = F / vw;

@@ -84,12 +84,16 @@ struct DropoutMask {
     if (save != nullptr && blockIdx.x == 0 && threadIdx.x == 0)
       save[0] = (int64_t)seed, save[1] = (int64_t)offset;
   }
+  // Whether a Philox word drops its (edge, head).
+  __device__ __forceinline__ bool dropped(uint32_t word) const {
+    return word < threshold;
+  }
   // The factor of alpha(e, h): 0 (dropped), 1 / (1 - p) (kept), 1 (off).
   __device__ __forceinline__ float factor(uint64_t seed, uint64_t offset,
                                           int64_t e, int h) const {
     if (!active) return 1.f;
-    return philox_word(seed, offset, (uint64_t)e, h) < threshold ? 0.f
-                                                                 : keep_scale;
+    return dropped(philox_word(seed, offset, (uint64_t)e, h)) ? 0.f
+                                                              : keep_scale;
   }
 };
 
@@ -145,13 +149,13 @@ __device__ __forceinline__ float drop_factor(const DropoutMask& d,
 // of its (edge, head) from that lane by a shuffle. A batch covers
 // batch_edges() edges (even: the kernels step two at a time; owners of
 // fewer than 2 Q lanes draw each (edge, head) themselves); every lane of
-// the warp takes part in refresh() and factor() (warp-uniform calls).
+// the warp takes part in step() (warp-uniform calls).
 template <int FEAT>
 struct DropoutBatch {
   unsigned bits = 0;
-  int Q = 1, lanes = 1;
+  int Q = 1, lanes = 1, batch = 1;
   __device__ __forceinline__ DropoutBatch(int H, int owner_lanes)
-      : Q((H + 3) / 4), lanes(owner_lanes) {}
+      : Q((H + 3) / 4), lanes(owner_lanes), batch(batch_edges()) {}
   __device__ __forceinline__ int batch_edges() const {
     const int b = (lanes / Q) & ~1;
     return b >= 2 ? b : 1 << 30;  // (direct draws: one batch)
@@ -165,9 +169,8 @@ struct DropoutBatch {
     if (!d.active || direct()) return;
     const int li = (int)(threadIdx.x % kWarpSize) % lanes;
     const uint4 w = philox4(seed, offset, (uint64_t)(base + li / Q), li % Q);
-    bits = (unsigned)(w.x < d.threshold) | (unsigned)(w.y < d.threshold) << 1 |
-           (unsigned)(w.z < d.threshold) << 2 |
-           (unsigned)(w.w < d.threshold) << 3;
+    bits = (unsigned)d.dropped(w.x) | (unsigned)d.dropped(w.y) << 1 |
+           (unsigned)d.dropped(w.z) << 2 | (unsigned)d.dropped(w.w) << 3;
   }
   // The factor of edge e = base + k, head h: 0, 1 / (1 - p), or 1 (off).
   __device__ __forceinline__ float factor(const DropoutMask& d,
@@ -178,8 +181,19 @@ struct DropoutBatch {
     if (direct()) return d.factor(seed, offset, e, h);
     const int lane = (int)(threadIdx.x % kWarpSize);
     const int src = lane - lane % lanes + k * Q + (h >> 2);
-    const unsigned b = __shfl_sync(0xffffffffu, bits, src & (kWarpSize - 1));
+    const unsigned b = __shfl_sync(kFullMask, bits, src & (kWarpSize - 1));
     return (b >> (h & 3)) & 1u ? 0.f : d.keep_scale;
+  }
+  // The factors of step st of an owner's edges from elo (edges e = elo +
+  // 2 st and e + 1) for head h: a new batch's bits drawn at its first step.
+  __device__ __forceinline__ void step(const DropoutMask& d, uint64_t seed,
+                                       uint64_t offset, int64_t elo,
+                                       int64_t e, unsigned st, int h,
+                                       float (&f)[2]) {
+    const int rel = 2 * (int)st, k = rel % batch;
+    if (k == 0) refresh(d, seed, offset, elo + rel);
+    f[0] = factor(d, seed, offset, e, k, h);
+    f[1] = factor(d, seed, offset, e + 1, k + 1, h);
   }
 };
 

@@ -264,6 +264,31 @@ def test_weights_only_gradient():
         assert rel_err(g, ref[name]) <= 1e-4, name
 
 
+def check_edge_conv_level(conv, kind, level, seed, attention=False):
+    """A training step of ``conv`` (16 -> 2 heads, edge_dim 4) on 600 nodes
+    in graphs of 20 ran the block kernels of score kind ``kind`` (0 'dot',
+    1 'add') at feature ``level``, forward and both backward passes."""
+    gen = torch.Generator().manual_seed(seed)
+    n = 600  # small graphs: SMMF blocks (the test pins the short kernels off)
+    dst = torch.arange(n).repeat_interleave(8)
+    src = dst - dst % 20 + torch.randint(0, 20, (n * 8, ), generator=gen)
+    ei = torch.stack([src, dst]).cuda()
+    x = torch.randn(n, 16, device='cuda', requires_grad=True)
+    ea = torch.randn(ei.size(1), 4, device='cuda', requires_grad=True)
+    with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out = conv(x, ei, ea, return_attention_weights=attention or None)
+        out = out[0] if attention else out
+        out.sum().backward()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events()]
+    fwd = [m for m in names if f'smmf_fwd_kernel<float, {kind},' in m]
+    bwd = [m for m in names if f'bwd::bwd_kernel<float, int, {kind},' in m]
+    assert fwd and all(m.split('(')[0].endswith(f', {level}>') for m in fwd)
+    assert len(bwd) == 2 and all(
+        f', {level}, false>' in m.split('(')[0] for m in bwd), bwd
+
+
 @pytest.mark.parametrize('dropout,attention,level', [
     (0.0, False, 1), (0.3, False, 2), (0.0, True, 2)])
 def test_feature_level_of_gat_edge_kernels(dropout, attention, level,
@@ -274,26 +299,8 @@ def test_feature_level_of_gat_edge_kernels(dropout, attention, level,
     _cuda()
     monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', '0')  # (narrow heads)
     from pyg_dfgnn.nn import DFGATConv
-    gen = torch.Generator().manual_seed(7)
-    n = 600  # small graphs: SMMF, not the short-row path (features on)
-    dst = torch.arange(n).repeat_interleave(8)
-    src = dst - dst % 20 + torch.randint(0, 20, (n * 8, ), generator=gen)
-    ei = torch.stack([src, dst]).cuda()
     conv = DFGATConv(16, 8, heads=2, edge_dim=4, dropout=dropout).cuda()
-    x = torch.randn(n, 16, device='cuda', requires_grad=True)
-    ea = torch.randn(ei.size(1), 4, device='cuda', requires_grad=True)
-    with torch.profiler.profile(
-            activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        out = conv(x, ei, ea, return_attention_weights=attention or None)
-        out = out[0] if attention else out
-        out.sum().backward()
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events()]
-    fwd = [m for m in names if 'smmf_fwd_kernel<float, 1,' in m]
-    bwd = [m for m in names if 'bwd::bwd_kernel<float, int, 1,' in m]
-    assert fwd and all(m.split('(')[0].endswith(f', {level}>') for m in fwd)
-    assert len(bwd) == 2 and all(
-        f', {level}, false>' in m.split('(')[0] for m in bwd), bwd
+    check_edge_conv_level(conv, 1, level, seed=7, attention=attention)
 
 
 @pytest.mark.parametrize('dropout,level', [(0.0, 3), (0.3, 2)])
@@ -306,25 +313,9 @@ def test_feature_level_of_transformer_edge_kernels(dropout, level,
     _cuda()
     monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', '0')  # (narrow heads)
     from pyg_dfgnn.nn import DFTransformerConv
-    gen = torch.Generator().manual_seed(8)
-    n = 600
-    dst = torch.arange(n).repeat_interleave(8)
-    src = dst - dst % 20 + torch.randint(0, 20, (n * 8, ), generator=gen)
-    ei = torch.stack([src, dst]).cuda()
     conv = DFTransformerConv(16, 8, heads=2, edge_dim=4,
                              dropout=dropout).cuda()
-    x = torch.randn(n, 16, device='cuda', requires_grad=True)
-    ea = torch.randn(ei.size(1), 4, device='cuda', requires_grad=True)
-    with torch.profiler.profile(
-            activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        conv(x, ei, ea).sum().backward()
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events()]
-    fwd = [m for m in names if 'smmf_fwd_kernel<float, 0,' in m]
-    bwd = [m for m in names if 'bwd::bwd_kernel<float, int, 0,' in m]
-    assert fwd and all(m.split('(')[0].endswith(f', {level}>') for m in fwd)
-    assert len(bwd) == 2 and all(
-        f', {level}, false>' in m.split('(')[0] for m in bwd), bwd
+    check_edge_conv_level(conv, 0, level, seed=8)
 
 
 SHORT_KERNELS = ('rows_fwd_kernel', 'short_rows_bwd_kernel',

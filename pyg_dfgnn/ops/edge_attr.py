@@ -101,7 +101,9 @@ class EdgeAttrMap:
         return self.rowptr.numel() - 1
 
     def row(self) -> Tensor:
-        """Destination row of each CSR edge [E]."""
+        """Destination row of each CSR edge [E] (int64)."""
+        if self.edge_row is not None:
+            return self.edge_row.long()
         counts = self.rowptr[1:] - self.rowptr[:-1]
         return torch.repeat_interleave(
             torch.arange(self.num_rows, device=self.rowptr.device), counts,
