@@ -297,7 +297,8 @@ template <typename T, int KIND> void run_bwd_kind(Args& A, int optin,
       const int level = feature_level(
           A.edge_score.defined(), A.grad_alpha.defined(),
           A.edge_key.defined() || A.edge_value.defined() || A.drop.active);
-      PYG_DFGNN_DISPATCH_FEAT(level, KIND == kAdd, KIND == kDot, FEAT, [&] {
+      PYG_DFGNN_DISPATCH_FEAT(level, KIND == kAdd, KIND != kGatv2, FEAT,
+                              [&] {
         detail::run_passes<T, index_t, KIND, VEC, FEAT>(A, optin);
       });
     });

@@ -136,8 +136,9 @@ void run_rows(const Launch& L) {
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   PYG_DFGNN_DISPATCH_KIND(L.kind, [&] {
     if constexpr (KIND != kGatv2) {
-      PYG_DFGNN_DISPATCH_FEAT(L.feature_level(), KIND == kAdd, KIND == kDot,
-                              FEAT, [&] {
+      // (level 3 for both kinds: the weights without dropout's registers)
+      PYG_DFGNN_DISPATCH_FEAT(L.feature_level(), KIND == kAdd, true, FEAT,
+                              [&] {
         rows_fwd_kernel<scalar_t, int32_t, KIND, VW, FEAT>
             <<<(unsigned)blocks, kThreads, 0, stream>>>(a, lanes);
         C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -103,8 +103,10 @@ struct DropoutMask {
 // code -- dropout's Philox, the weights' gradient, edge keys / values --
 // cost them registers and 0.19 ms of gat-edge's backward rows pass); all;
 // the edge score with the attention weights and their gradient, no dropout
-// and no edge key / value ('dot' kernels only: TransformerConv's edge term,
-// whose all-level backward rows pass spilled 208 bytes).
+// and no edge key / value (TransformerConv's edge term, whose all-level
+// 'dot' backward rows pass spilled 208 bytes; GAT's weights in the short
+// kernels, 74 registers at the all level; not the SMMF / PMF forward of
+// 'add', nor GATv2).
 constexpr int kFeatNone = 0, kFeatScore = 1, kFeatAll = 2, kFeatWeights = 3;
 // What a level compiles in: the edge score; the weights (raw scores out,
 // their gradient in); dropout; edge keys / values.

@@ -264,10 +264,13 @@ def test_weights_only_gradient():
         assert rel_err(g, ref[name]) <= 1e-4, name
 
 
-def check_edge_conv_level(conv, kind, level, seed, attention=False):
+def check_edge_conv_level(conv, kind, level, seed, attention=False,
+                          bwd_level=None):
     """A training step of ``conv`` (16 -> 2 heads, edge_dim 4) on 600 nodes
     in graphs of 20 ran the block kernels of score kind ``kind`` (0 'dot',
-    1 'add') at feature ``level``, forward and both backward passes."""
+    1 'add') at feature ``level`` in the forward and ``bwd_level`` (default
+    the same) in both backward passes."""
+    bwd_level = level if bwd_level is None else bwd_level
     gen = torch.Generator().manual_seed(seed)
     n = 600  # small graphs: SMMF blocks (the test pins the short kernels off)
     dst = torch.arange(n).repeat_interleave(8)
@@ -286,21 +289,24 @@ def check_edge_conv_level(conv, kind, level, seed, attention=False):
     bwd = [m for m in names if f'bwd::bwd_kernel<float, int, {kind},' in m]
     assert fwd and all(m.split('(')[0].endswith(f', {level}>') for m in fwd)
     assert len(bwd) == 2 and all(
-        f', {level}, false>' in m.split('(')[0] for m in bwd), bwd
+        f', {bwd_level}, false>' in m.split('(')[0] for m in bwd), bwd
 
 
-@pytest.mark.parametrize('dropout,attention,level', [
-    (0.0, False, 1), (0.3, False, 2), (0.0, True, 2)])
+@pytest.mark.parametrize('dropout,attention,level,bwd_level', [
+    (0.0, False, 1, 1), (0.3, False, 2, 2), (0.0, True, 2, 3)])
 def test_feature_level_of_gat_edge_kernels(dropout, attention, level,
-                                          monkeypatch):
+                                          bwd_level, monkeypatch):
     """GAT's edge term alone runs the block kernels instantiated with the
     edge score only (training_features.cuh's level 1: no dropout / weights /
-    edge key-value code); anything more, the full feature kernels."""
+    edge key-value code); with dropout, the full feature kernels; with the
+    weights but no dropout, the full forward and the level-3 backward (the
+    weights' gradient without dropout's code)."""
     _cuda()
     monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', '0')  # (narrow heads)
     from pyg_dfgnn.nn import DFGATConv
     conv = DFGATConv(16, 8, heads=2, edge_dim=4, dropout=dropout).cuda()
-    check_edge_conv_level(conv, 1, level, seed=7, attention=attention)
+    check_edge_conv_level(conv, 1, level, seed=7, attention=attention,
+                          bwd_level=bwd_level)
 
 
 @pytest.mark.parametrize('dropout,level', [(0.0, 3), (0.3, 2)])
