@@ -58,34 +58,45 @@ __global__ void __launch_bounds__(kShortThreads)
   float acc_a[VW], acc_b[VW], dsum = 0.f;
 #pragma unroll
   for (int i = 0; i < VW; ++i) acc_a[i] = acc_b[i] = 0.f;
-  const T* es = kHasScore<FEAT> ? a.et.es : nullptr;
+  // Base pointers, as the short-row forward (issue-bound): this lane's
+  // columns of the neighbour rows (int32 indices: a 32x32-bit wide
+  // multiply per edge) and
+  // its head's column of the edge scores / ebuf, stepped two edges a step.
+  const T* k_lane = KIND == kDot ? a.nbr_a + o.c0 : a.nbr_a + h;
+  const int k_stride = KIND == kDot ? HF : H;
+  const T* v_lane = a.nbr_b + o.c0;
+  const bool has_es = kHasScore<FEAT> && a.et.es != nullptr && o.on;
+  const T* es_lane = (has_es ? a.et.es : a.own_a) + elo * H + h;
+  float2* ebuf_lane = a.ebuf + elo * H + h;
+  const int64_t lane_step = 2 * (int64_t)H;
   const T* galpha = kHasWeights<FEAT> ? a.galpha : nullptr;
   uint64_t seed, offset;
   drop_begin<FEAT>(a.drop, seed, offset);
   DropoutBatch<FEAT> drop(H, lanes);
-  for (unsigned st = 0; st < steps; ++st) {
+  for (unsigned st = 0; st < steps;
+       ++st, es_lane += lane_step, ebuf_lane += lane_step) {
     const int64_t e = elo + 2 * (int64_t)st;
     const bool one = e < ehi, two = e + 1 < ehi;
-    const int64_t j0 = one ? (int64_t)a.idx[e] : 0;
-    const int64_t j1 = two ? (int64_t)a.idx[e + 1] : j0;
+    const I j0 = one ? a.idx[e] : 0;
+    const I j1 = two ? a.idx[e + 1] : j0;
     float k[2][VW], v[2][VW], kh[2] = {0.f, 0.f};
 #pragma unroll
     for (int i = 0; i < VW; ++i) k[0][i] = k[1][i] = v[0][i] = v[1][i] = 0.f;
     if (o.on && one) {
       if constexpr (KIND == kDot) {
-        load_vec<T, VW>(a.nbr_a + j0 * HF + o.c0, k[0]);
-        load_vec<T, VW>(a.nbr_a + j1 * HF + o.c0, k[1]);
+        load_vec<T, VW>(k_lane + (int64_t)j0 * k_stride, k[0]);
+        load_vec<T, VW>(k_lane + (int64_t)j1 * k_stride, k[1]);
       } else {
-        kh[0] = to_float(a.nbr_a[j0 * H + h]);
-        kh[1] = to_float(a.nbr_a[j1 * H + h]);
+        kh[0] = to_float(k_lane[(int64_t)j0 * k_stride]);
+        kh[1] = to_float(k_lane[(int64_t)j1 * k_stride]);
       }
-      load_vec<T, VW>(a.nbr_b + j0 * HF + o.c0, v[0]);
-      load_vec<T, VW>(a.nbr_b + j1 * HF + o.c0, v[1]);
+      load_vec<T, VW>(v_lane + (int64_t)j0 * HF, v[0]);
+      load_vec<T, VW>(v_lane + (int64_t)j1 * HF, v[1]);
     }
     float s[2], gz[2] = {1.f, 1.f}, dp[2], term[2] = {0.f, 0.f};
-    if (es != nullptr && o.on && one) {
-      term[0] = to_float(es[e * H + h]);
-      if (two) term[1] = to_float(es[(e + 1) * H + h]);
+    if (has_es && one) {
+      term[0] = to_float(es_lane[0]);
+      if (two) term[1] = to_float(es_lane[H]);
     }
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
@@ -128,7 +139,7 @@ __global__ void __launch_bounds__(kShortThreads)
         acc_b[0] += p * gz[u];
       }
       if (first)
-        a.ebuf[(e + u) * H + h] = make_float2(
+        ebuf_lane[u * H] = make_float2(
             pack_item_p<KIND>(p, f == 0.f, KIND == kAdd && gz[u] != 1.f),
             t);
     }
@@ -168,19 +179,28 @@ __global__ void __launch_bounds__(kShortThreads)
   const float keep_scale = a.drop.active ? a.drop.keep_scale : 1.f;
   T* g_es = kHasScore<FEAT> && KIND != kGatv2 ? a.g_es : nullptr;
   const bool first = o.c0 % F == 0;  // writes the head's d es
+  // base pointers (the rows pass's note): this lane's columns of the
+  // neighbour rows, its head's column of ebuf / drow / d es (int32
+  // indices: a 32x32-bit wide multiply per edge)
+  const T* q_lane = a.nbr_a + o.c0;
+  const T* o_lane = a.nbr_b + o.c0;
+  const float2* ebuf_lane = a.ebuf + h;
+  const float* drow_lane = a.drow + h;
   for (int64_t e = elo; e < ehi; e += 2) {
     const bool two = e + 1 < ehi;
-    const int64_t i0 = a.idx[e], i1 = two ? (int64_t)a.idx[e + 1] : i0;
-    const int64_t c0 = a.perm[e], c1 = two ? (int64_t)a.perm[e + 1] : c0;
-    const float2 pt[2] = {a.ebuf[c0 * H + h], a.ebuf[c1 * H + h]};
-    const float d[2] = {a.drow[i0 * H + h], a.drow[i1 * H + h]};
+    const I i0 = a.idx[e], i1 = two ? a.idx[e + 1] : i0;
+    const I c0 = a.perm[e], c1 = two ? a.perm[e + 1] : c0;
+    const float2 pt[2] = {ebuf_lane[(int64_t)c0 * H],
+                          ebuf_lane[(int64_t)c1 * H]};
+    const float d[2] = {drow_lane[(int64_t)i0 * H],
+                        drow_lane[(int64_t)i1 * H]};
     float qx[2][VW], ox[2][VW];
     if constexpr (KIND == kDot) {
-      load_vec<T, VW>(a.nbr_a + i0 * HF + o.c0, qx[0]);
-      load_vec<T, VW>(a.nbr_a + i1 * HF + o.c0, qx[1]);
+      load_vec<T, VW>(q_lane + (int64_t)i0 * HF, qx[0]);
+      load_vec<T, VW>(q_lane + (int64_t)i1 * HF, qx[1]);
     }
-    load_vec<T, VW>(a.nbr_b + i0 * HF + o.c0, ox[0]);
-    load_vec<T, VW>(a.nbr_b + i1 * HF + o.c0, ox[1]);
+    load_vec<T, VW>(o_lane + (int64_t)i0 * HF, ox[0]);
+    load_vec<T, VW>(o_lane + (int64_t)i1 * HF, ox[1]);
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       if (u == 1 && !two) break;
@@ -199,7 +219,7 @@ __global__ void __launch_bounds__(kShortThreads)
         gk_add += ds;
       }
       if (g_es != nullptr && first)  // d es = ds (leaky' for 'add')
-        g_es[(u == 0 ? c0 : c1) * H + h] = from_float<T>(ds);
+        g_es[(int64_t)(u == 0 ? c0 : c1) * H + h] = from_float<T>(ds);
     }
   }
   store_vec<T, VW>(a.grad_b + col * HF + o.c0, gv);

@@ -217,7 +217,7 @@ void run_shared_mat(edge_rows::Args<T> a,
     const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
     const int64_t tile = grad_tile_edges((int)De);
     const unsigned grad_blocks = (unsigned)std::min<int64_t>(
-        (a.n_edges + tile - 1) / tile, kGradBlocksPerSM * (int64_t)sms);
+        (a.n_edges + tile - 1) / tile, kGradBlocksPerSM<MAXH> * (int64_t)sms);
     at::Tensor dm;
     at::Tensor partial = at::empty({sums ? (int64_t)grad_blocks : 0, H * De},
                                    fopts);

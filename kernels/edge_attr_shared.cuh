@@ -307,12 +307,14 @@ __device__ __forceinline__ void shared_grad_tiles(
   }
 }
 
-// Resident shared_grad blocks per SM (64 registers); the host launches
-// that many persistent blocks per SM.
-constexpr int kGradBlocksPerSM = 4;
+// Resident shared_grad blocks per SM; the host launches that many
+// persistent blocks per SM. Up to 8 heads, 5 (48 registers, no spill; it
+// was 4 at 64 registers); 16 heads keep 4 (5 spilled 164 bytes).
+template <int MAXH>
+inline constexpr int kGradBlocksPerSM = MAXH <= 8 ? 5 : 4;
 
 template <typename T, int MAXH>
-__global__ void __launch_bounds__(kEdgeThreads, kGradBlocksPerSM)
+__global__ void __launch_bounds__(kEdgeThreads, kGradBlocksPerSM<MAXH>)
     shared_grad_kernel(Args<T> a, const float* __restrict__ loop_w,
                        float* __restrict__ partial) {
   __shared__ __align__(16) float s_m[kEdgeRowsMaxHD];

@@ -18,10 +18,20 @@
 namespace pyg_dfgnn {
 namespace fwd {
 
+// Resident blocks per SM the kernel is held to (0: no bound): the edge
+// score alone took 58 registers (4 blocks) against the plain kernel's 40
+// (6), and gat-edge's forward ran +33% over plain GAT's; held to 5, no
+// spill with 4-wide vectors (8-wide half spilled 12 bytes; with the
+// weights, 20 bytes and slower: gat-attn's forward 0.553 -> 0.594 ms).
+template <int FEAT, int VW>
+inline constexpr int kRowsFwdMinBlocks =
+    FEAT == kFeatScore && VW <= 4 ? 5 : 0;
+
 template <typename T, typename I, int KIND, int VW, int FEAT>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kRowsFwdMinBlocks<FEAT, VW>)
     rows_fwd_kernel(FwdArgs<T, I> a, int lanes) {
   static_assert(KIND == kDot || KIND == kAdd, "rows: 'dot' or 'add'");
+  static_assert(sizeof(I) == 4, "rows: int32 neighbour indices");
   const int H = a.H, F = a.F, HF = H * F;
   const OwnerLane o = owner_lane<VW>(lanes, a.n_dst, H, F);
   const int64_t row = o.owner;
@@ -35,25 +45,37 @@ __global__ void __launch_bounds__(kThreads)
   } else {
     qh = on ? to_float(a.q[row * H + h]) : 0.f;
   }
-  // the score of edge e from source j for this lane's head (all lanes of a
-  // head agree; every lane of the warp takes part in the shuffles)
+  // This lane's columns of the neighbour rows and its head's edge scores
+  // as base pointers: per edge a 32x32-bit wide multiply (neighbour j, an
+  // int32 index) or a pointer step (the edge score) instead of 64-bit index
+  // products -- the kernel is issue-bound (ncu, gat / gat-edge: a warp
+  // issues ~0.8 per scheduler cycle), and those products were a third of
+  // the loop's instructions.
+  const T* k_lane = KIND == kDot ? a.k + c0 : a.k + h;
+  const int k_stride = KIND == kDot ? HF : H;
+  const T* v_lane = a.v + c0;
   const T* es = kHasScore<FEAT> ? a.et.es : nullptr;
-  auto score = [&](int64_t e, int64_t j, bool live,
-                   const float (&k)[VW]) -> float {
-    const float term =
-        es != nullptr && on && live ? to_float(es[e * H + h]) : 0.f;
-    if constexpr (KIND == kDot) {
-      return fmaf(head_dot<VW>(q, k, G), a.scale, term);
-    } else {
-      return leaky_relu(qh + to_float(a.k[j * H + h]) + term, a.slope);
-    }
-  };
   float* sc_out = kHasWeights<FEAT> ? a.scores : nullptr;
   uint64_t seed, offset;
   drop_begin<FEAT>(a.drop, seed, offset);
   DropoutBatch<FEAT> drop(H, lanes);
   const int64_t elo = has_row ? a.rowptr[row] : 0;
   const int64_t ehi = has_row ? a.rowptr[row + 1] : 0;
+  // the head's edge scores of this row, two per step (stepped whether or
+  // not there are any: no null test in the loop)
+  const bool has_es = es != nullptr && on;
+  const T* es_lane = (has_es ? es : a.q) + elo * H + h;
+  const int64_t es_step = 2 * (int64_t)H;
+  // the score of an edge from source j, its edge score `term` (all lanes of
+  // a head agree; every lane of the warp takes part in the shuffles)
+  auto score = [&](int j, float term, const float (&k)[VW]) -> float {
+    if constexpr (KIND == kDot) {
+      return fmaf(head_dot<VW>(q, k, G), a.scale, term);
+    } else {
+      return leaky_relu(qh + to_float(k_lane[(int64_t)j * k_stride]) + term,
+                        a.slope);
+    }
+  };
   // steps of two edges: the longest of the warp's rows (warp-uniform)
   const unsigned steps =
       __reduce_max_sync(kFullMask, (unsigned)((ehi - elo + 1) / 2));
@@ -63,20 +85,26 @@ __global__ void __launch_bounds__(kThreads)
   for (unsigned st = 0; st < steps; ++st) {
     const int64_t e = elo + 2 * (int64_t)st;
     const bool one = e < ehi, two = e + 1 < ehi;
-    const int64_t j0 = one ? (int64_t)a.col[e] : 0;
-    const int64_t j1 = two ? (int64_t)a.col[e + 1] : j0;
+    const int j0 = one ? (int)a.col[e] : 0;
+    const int j1 = two ? (int)a.col[e + 1] : j0;
     float k0[VW], k1[VW], v0[VW], v1[VW];
 #pragma unroll
     for (int i = 0; i < VW; ++i) k0[i] = k1[i] = v0[i] = v1[i] = 0.f;
     if (on && one) {
       if constexpr (KIND == kDot) {
-        load_vec<T, VW>(a.k + j0 * HF + c0, k0);
-        load_vec<T, VW>(a.k + j1 * HF + c0, k1);
+        load_vec<T, VW>(k_lane + (int64_t)j0 * HF, k0);
+        load_vec<T, VW>(k_lane + (int64_t)j1 * HF, k1);
       }
-      load_vec<T, VW>(a.v + j0 * HF + c0, v0);
-      load_vec<T, VW>(a.v + j1 * HF + c0, v1);
+      load_vec<T, VW>(v_lane + (int64_t)j0 * HF, v0);
+      load_vec<T, VW>(v_lane + (int64_t)j1 * HF, v1);
     }
-    const float s0 = score(e, j0, one, k0), s1r = score(e + 1, j1, two, k1);
+    float t0 = 0.f, t1 = 0.f;
+    if (has_es && one) {
+      t0 = to_float(es_lane[0]);
+      if (two) t1 = to_float(es_lane[H]);
+    }
+    es_lane += es_step;
+    const float s0 = score(j0, t0, k0), s1r = score(j1, t1, k1);
     // the aggregation takes the dropped p / (1 - drop), the row sum p
     float f[2];
     drop.step(a.drop, seed, offset, elo, e, st, h, f);

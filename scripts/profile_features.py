@@ -5,6 +5,7 @@
 
 Builds our conv of each row on the benchmark's graph and prints the CUDA
 kernels of five training steps (torch.profiler), heaviest first.
+``--once``: one step per row, no profiler (a run under ncu).
 """
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ import training_features as tf  # noqa: E402
 
 
 SHAPES = False  # --shapes: aten ops with input shapes and callers
+ONCE = False  # --once: one step per row, nothing printed
 
 
 def main(rows) -> None:
@@ -36,6 +38,10 @@ def main(rows) -> None:
         with torch.no_grad():
             inputs['grad'] = torch.randn_like(step.forward(ours))
         run = step(ours)
+        if ONCE:
+            run()
+            torch.cuda.synchronize()
+            continue
         for _ in range(3):
             run()
         torch.cuda.synchronize()
@@ -65,7 +71,8 @@ def main(rows) -> None:
 
 
 if __name__ == '__main__':
-    args = [a for a in sys.argv[1:] if a != '--shapes']
-    SHAPES = len(args) < len(sys.argv) - 1
+    args = [a for a in sys.argv[1:] if a not in ('--shapes', '--once')]
+    SHAPES = '--shapes' in sys.argv[1:]
+    ONCE = '--once' in sys.argv[1:]
     main(args or ['gat', 'gat-edge', 'gt', 'gt-edge',
                           'gatv2-edge-dropout'])
