@@ -27,8 +27,16 @@ namespace bwd {
 
 constexpr int kShortThreads = 256;
 
+// Resident blocks per SM the rows pass is held to (0: no bound): dropout
+// alone ('add') took 56 registers (4 blocks) against the plain pass's 46
+// (5); 48 without spill ('dot' spilled 88 bytes: unbounded).
+template <int KIND, int FEAT, int VW>
+inline constexpr int kShortRowsMinBlocks =
+    FEAT == kFeatDropout && KIND == kAdd && VW <= 4 ? 5 : 0;
+
 template <typename T, typename I, int KIND, int VW, int FEAT>
-__global__ void __launch_bounds__(kShortThreads)
+__global__ void __launch_bounds__(kShortThreads,
+                                  kShortRowsMinBlocks<KIND, FEAT, VW>)
     short_rows_bwd_kernel(BwdArgs<T, I> a, int lanes) {
   static_assert(KIND == kDot || KIND == kAdd, "short: 'dot' or 'add'");
   const int H = a.H, F = a.F, HF = H * F;

@@ -3,10 +3,11 @@
 //   PYG_DFGNN_DISPATCH_INDEX(dtype, NAME, ...)  -> index_t (int32_t/int64_t)
 //   PYG_DFGNN_DISPATCH_KIND(kind, ...)          -> constexpr int KIND
 //   PYG_DFGNN_DISPATCH_BOOL(flag, NAME, ...)    -> constexpr bool NAME
-//   PYG_DFGNN_DISPATCH_FEAT(level, SCORE, WEIGHTS, NAME, ...) -> constexpr
-//     int NAME, a training-feature level (training_features.cuh); level 1
-//     (the edge score alone) only where the constexpr bool SCORE allows,
-//     level 3 (score and weights) only where WEIGHTS does, else 2
+//   PYG_DFGNN_DISPATCH_FEAT(level, SCORE, WEIGHTS, DROPOUT, NAME, ...) ->
+//     constexpr int NAME, a training-feature level (training_features.cuh);
+//     level 1 (the edge score alone) only where the constexpr bool SCORE
+//     allows, level 3 (score and weights) only where WEIGHTS does, level 4
+//     (dropout alone) only where DROPOUT does, else 2
 #pragma once
 
 #include <ATen/ATen.h>
@@ -85,24 +86,30 @@
     }                                            \
   }()
 
-#define PYG_DFGNN_DISPATCH_FEAT(level, SCORE, WEIGHTS, NAME, ...) \
-  [&] {                                                           \
-    if ((level) == 0) {                                           \
-      constexpr int NAME = 0;                                     \
-      return __VA_ARGS__();                                       \
-    }                                                             \
-    if constexpr (SCORE) {                                        \
-      if ((level) == 1) {                                         \
-        constexpr int NAME = 1;                                   \
-        return __VA_ARGS__();                                     \
-      }                                                           \
-    }                                                             \
-    if constexpr (WEIGHTS) {                                      \
-      if ((level) == 3) {                                         \
-        constexpr int NAME = 3;                                   \
-        return __VA_ARGS__();                                     \
-      }                                                           \
-    }                                                             \
-    constexpr int NAME = 2;                                       \
-    return __VA_ARGS__();                                         \
+#define PYG_DFGNN_DISPATCH_FEAT(level, SCORE, WEIGHTS, DROPOUT, NAME, ...) \
+  [&] {                                                                    \
+    if ((level) == 0) {                                                    \
+      constexpr int NAME = 0;                                              \
+      return __VA_ARGS__();                                                \
+    }                                                                      \
+    if constexpr (SCORE) {                                                 \
+      if ((level) == 1) {                                                  \
+        constexpr int NAME = 1;                                            \
+        return __VA_ARGS__();                                              \
+      }                                                                    \
+    }                                                                      \
+    if constexpr (WEIGHTS) {                                               \
+      if ((level) == 3) {                                                  \
+        constexpr int NAME = 3;                                            \
+        return __VA_ARGS__();                                              \
+      }                                                                    \
+    }                                                                      \
+    if constexpr (DROPOUT) {                                               \
+      if ((level) == 4) {                                                  \
+        constexpr int NAME = 4;                                            \
+        return __VA_ARGS__();                                              \
+      }                                                                    \
+    }                                                                      \
+    constexpr int NAME = 2;                                                \
+    return __VA_ARGS__();                                                  \
   }()

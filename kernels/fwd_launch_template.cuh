@@ -32,8 +32,8 @@ struct Launch {
   // (training_features.cuh); any: the features
   int feature_level() const {
     return pyg_dfgnn::feature_level(
-        edge_score.defined(), alpha.defined(),
-        edge_key.defined() || edge_value.defined() || drop.active);
+        edge_score.defined(), alpha.defined(), drop.active,
+        edge_key.defined() || edge_value.defined());
   }
   bool features() const { return feature_level() != kFeatNone; }
   int64_t kind, n_dst, n_edges, max_in_degree;
@@ -136,9 +136,10 @@ void run_rows(const Launch& L) {
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   PYG_DFGNN_DISPATCH_KIND(L.kind, [&] {
     if constexpr (KIND != kGatv2) {
-      // (level 3 for both kinds: the weights without dropout's registers)
-      PYG_DFGNN_DISPATCH_FEAT(L.feature_level(), KIND == kAdd, true, FEAT,
-                              [&] {
+      // (levels 3 and 4 for both kinds: the weights without dropout's
+      // registers, dropout without the others')
+      PYG_DFGNN_DISPATCH_FEAT(L.feature_level(), KIND == kAdd, true, true,
+                              FEAT, [&] {
         rows_fwd_kernel<scalar_t, int32_t, KIND, VW, FEAT>
             <<<(unsigned)blocks, kThreads, 0, stream>>>(a, lanes);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -174,7 +175,7 @@ void run_smmf(const Launch& L) {
     if (scores.defined()) a.scores = scores.data_ptr<float>();
     PYG_DFGNN_DISPATCH_KIND(L.kind, [&] {
      PYG_DFGNN_DISPATCH_FEAT(L.feature_level(), KIND == kAdd, KIND == kDot,
-                             FEAT, [&] {
+                             false, FEAT, [&] {
       auto kernel = smmf_fwd_kernel<scalar_t, KIND, VEC, FEAT>;
       allow_smem(kernel, bytes);
       kernel<<<(unsigned)blocks, warps * kWarpSize, bytes, stream>>>(
@@ -225,7 +226,8 @@ void run_pmf(const Launch& L) {
         const int64_t warps = (items + items_per_warp - 1) / items_per_warp;
         const int64_t blocks = (warps + kWarps - 1) / kWarps;
         PYG_DFGNN_DISPATCH_KIND(L.kind, [&] {
-         PYG_DFGNN_DISPATCH_FEAT(L.feature_level(), false, false, FEAT, [&] {
+         PYG_DFGNN_DISPATCH_FEAT(L.feature_level(), false, false, false, FEAT,
+                                 [&] {
           pmf_sddmm_kernel<scalar_t, index_t, KIND, VEC, FEAT>
               <<<(unsigned)blocks, kThreads, 0, stream>>>(
                   a, scores.data_ptr<float>(), items_per_warp);
@@ -233,7 +235,8 @@ void run_pmf(const Launch& L) {
          });
         });
       }
-     PYG_DFGNN_DISPATCH_FEAT(L.feature_level(), false, false, FEAT, [&] {
+     PYG_DFGNN_DISPATCH_FEAT(L.feature_level(), false, false, false, FEAT,
+                                 [&] {
       PYG_DFGNN_DISPATCH_BOOL(add_scores, ADD_SCORES, [&] {
       auto kernel =
           pmf_softmax_spmm_kernel<scalar_t, index_t, VEC, FEAT, ADD_SCORES>;

@@ -23,12 +23,16 @@ namespace fwd {
 // (6), and gat-edge's forward ran +33% over plain GAT's; held to 5, no
 // spill with 4-wide vectors (8-wide half spilled 12 bytes; with the
 // weights, 20 bytes and slower: gat-attn's forward 0.553 -> 0.594 ms).
-template <int FEAT, int VW>
+// Dropout alone ('add'): 61 registers, held to 5 with 12 bytes spilled
+// (one local access in the loop).
+template <int KIND, int FEAT, int VW>
 inline constexpr int kRowsFwdMinBlocks =
-    FEAT == kFeatScore && VW <= 4 ? 5 : 0;
+    VW <= 4 && (FEAT == kFeatScore || (FEAT == kFeatDropout && KIND == kAdd))
+        ? 5
+        : 0;
 
 template <typename T, typename I, int KIND, int VW, int FEAT>
-__global__ void __launch_bounds__(kThreads, kRowsFwdMinBlocks<FEAT, VW>)
+__global__ void __launch_bounds__(kThreads, kRowsFwdMinBlocks<KIND, FEAT, VW>)
     rows_fwd_kernel(FwdArgs<T, I> a, int lanes) {
   static_assert(KIND == kDot || KIND == kAdd, "rows: 'dot' or 'add'");
   static_assert(sizeof(I) == 4, "rows: int32 neighbour indices");

@@ -330,6 +330,52 @@ SHORT_KERNELS = ('rows_fwd_kernel', 'short_rows_bwd_kernel',
 
 @pytest.mark.parametrize('kind', ['add', 'dot'])
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize('graph_kind', ['batch', 'uniform'])
+def test_short_owner_kernels_dropout_only(kind, dtype, graph_kind,
+                                          monkeypatch):
+    """Dropout with no other feature runs the short kernels instantiated
+    with dropout alone (training_features.cuh's level 4), and the block
+    passes at the all level wherever they take over: out and every
+    gradient against the reference with the mask that the all-level call
+    of the same seed returns."""
+    cuda = _cuda()
+    seed = zlib.crc32(f'dropout-only{kind}{dtype}{graph_kind}'.encode())
+    gen = torch.Generator().manual_seed(seed)
+    ei, size = random_graph(graph_kind, random.Random(seed))
+    graph = DFGraph.from_edge_index(ei.cuda(), size=size)
+    t = make_case(kind, '', graph, 2, 16, 16, dtype, gen)
+    monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', '1')
+    torch.manual_seed(7)
+    with torch.no_grad():  # the mask: the weights after dropout (level 2)
+        _, alpha = fused(cuda, graph, kind, t, 'smmf', 0.4, 'after_dropout')
+    mask = alpha != 0
+    torch.manual_seed(7)
+    poison_allocator()
+    with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out, _ = fused(cuda, graph, kind, t, 'smmf', 0.4)
+        g_out = torch.randn(out.shape, generator=gen).to(out)
+        got = grads_of((out * g_out).sum(), t)
+        torch.cuda.synchronize()
+    names = [e.name.split('(')[0] for e in prof.events()]
+    ran = [m for m in names if any(k in m for k in SHORT_KERNELS)]
+    if graph.num_edges > 0:
+        assert len(ran) == 3 and all(m.endswith(', 4>') for m in ran), ran
+    ref_out, _, t64 = reference(graph, kind, t, 0.4, mask)
+    assert rel_err(out, ref_out) <= TOL_OUT[dtype]
+    ref = grads_of((ref_out * g_out.double()).sum(), t64)
+    for name, g in got.items():
+        err = rel_err(g, ref[name])
+        assert err <= TOL_GRAD[dtype], f'{name}: rel. err {err:.2e}'
+    # the block kernels (at the all level) draw the same mask
+    monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', '0')
+    torch.manual_seed(7)
+    out_block, _ = fused(cuda, graph, kind, t, 'smmf', 0.4)
+    assert rel_err(out_block, ref_out) <= TOL_OUT[dtype]
+
+
+@pytest.mark.parametrize('kind', ['add', 'dot'])
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize('dropout', [0.0, 0.4])
 @pytest.mark.parametrize('graph_kind', ['batch', 'uniform', 'isolated'])
 def test_short_owner_kernels_with_features(kind, dtype, dropout, graph_kind,
