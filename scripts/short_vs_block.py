@@ -6,7 +6,8 @@ the shapes allow), interleaved. For setting the rule in
 ``kernels/short_rows.cuh``.
 
     python scripts/short_vs_block.py [--graphs pattern-like@32,...]
-        [--shapes 4x16,1x128] [--kinds add,dot] [--json out.json]
+        [--shapes 4x16,1x128] [--kinds add,dot] [--dtype bfloat16]
+        [--json out.json]
 
 ``name@G`` takes G graphs of a batch graph (``scale`` = G / its count).
 """
@@ -35,8 +36,11 @@ def main():
                    'pattern-like,mnist-like,zinc-like')
     p.add_argument('--shapes', default='4x16,8x16,1x128')
     p.add_argument('--kinds', default='add,dot')
+    p.add_argument('--dtype', default='float32',
+                   choices=['float32', 'float16', 'bfloat16'])
     p.add_argument('--json', default=None)
     args = p.parse_args()
+    dtype = getattr(torch, args.dtype)
     dev = torch.device('cuda')
     rows = []
     for gname in args.graphs.split(','):
@@ -47,14 +51,14 @@ def main():
             for shape in args.shapes.split(','):
                 H, F = map(int, shape.split('x'))
                 gen = torch.Generator(device=dev).manual_seed(0)
-                v = torch.randn(n, H, F, device=dev, generator=gen,
-                                requires_grad=True)
+                def rnd(*shape, grad=True):
+                    x = torch.randn(*shape, device=dev, generator=gen)
+                    return x.to(dtype).requires_grad_(grad)
+
+                v = rnd(n, H, F)
                 qk_shape = (n, H) if kind == 'add' else (n, H, F)
-                q = torch.randn(*qk_shape, device=dev, generator=gen,
-                                requires_grad=True)
-                k = torch.randn(*qk_shape, device=dev, generator=gen,
-                                requires_grad=True)
-                g = torch.randn(n, H, F, device=dev, generator=gen)
+                q, k = rnd(*qk_shape), rnd(*qk_shape)
+                g = rnd(n, H, F, grad=False)
 
                 def fwd():
                     with torch.no_grad():
@@ -72,7 +76,7 @@ def main():
                 best = {m: (min(t[0] for t in r), min(t[1] for t in r))
                         for m, r in res.items()}
                 row = dict(graph=gname, nodes=n, edges=graph.num_edges,
-                           kind=kind, shape=shape,
+                           kind=kind, shape=shape, dtype=args.dtype,
                            block_fwd=best['0'][0], short_fwd=best['1'][0],
                            block_fb=best['0'][1], short_fb=best['1'][1])
                 rows.append(row)
