@@ -140,28 +140,16 @@ __global__ void __launch_bounds__(kThreads, kRowsFwdMinBlocks<KIND, FEAT, VW>)
       const float my_lse = __shfl_sync(kFullMask, lse_h, base + hh * G);
       const unsigned sweeps = __reduce_max_sync(
           kFullMask, (unsigned)((ehi - elo + per - 1) / per));
-      // four sweeps' loads in flight before their stores (one at a time,
-      // the sweep cost the forward +0.16 ms on gat-attn, about what
-      // alpha_kernel took)
-      constexpr int kSweepUnroll = 4;
-      for (unsigned it = 0; it < sweeps; it += kSweepUnroll) {
-        float sv[kSweepUnroll];
-        int64_t dst[kSweepUnroll];
-        bool live[kSweepUnroll];
-#pragma unroll
-        for (int u = 0; u < kSweepUnroll; ++u) {
-          const int64_t e = elo + (int64_t)(it + u) * per + li / H;
-          live[u] = has_row && e < ehi;
-          sv[u] = live[u] ? sc_out[e * H + hh] : 0.f;
-          dst[u] = !live[u]                     ? 0
-                   : a.alpha_perm32 != nullptr ? (int64_t)a.alpha_perm32[e]
-                   : a.alpha_perm64 != nullptr ? a.alpha_perm64[e]
-                                               : e;
+      for (unsigned it = 0; it < sweeps; ++it) {
+        const int64_t e = elo + (int64_t)it * per + li / H;
+        if (has_row && e < ehi) {
+          const int64_t dst = a.alpha_perm32 != nullptr
+                                  ? (int64_t)a.alpha_perm32[e]
+                              : a.alpha_perm64 != nullptr ? a.alpha_perm64[e]
+                                                          : e;
+          a.alpha[dst * H + hh] =
+              from_float<T>(expf(sc_out[e * H + hh] - my_lse));
         }
-#pragma unroll
-        for (int u = 0; u < kSweepUnroll; ++u)
-          if (live[u])
-            a.alpha[dst[u] * H + hh] = from_float<T>(expf(sv[u] - my_lse));
       }
     }
   }
