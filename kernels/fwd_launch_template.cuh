@@ -139,7 +139,9 @@ void run_rows(const Launch& L) {
   // The weights without dropout: written by the kernel after each row's
   // softmax (its scores just written, read back from L2) instead of by
   // alpha_kernel, where a head count that divides the owner's lanes
-  // lets the lanes walk (edge, head) pairs.
+  // lets the lanes walk (edge, head) pairs. (Session 16, gat-attn: the
+  // forward +0.16 ms, alpha_kernel's 0.19 gone; the sweep keeps one load
+  // chain in flight per lane.)
   const bool own_alpha = L.alpha.defined() &&
                          L.feature_level() == kFeatWeights &&
                          lanes % L.H == 0;
