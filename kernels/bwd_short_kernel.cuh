@@ -68,8 +68,9 @@ __global__ void __launch_bounds__(kShortThreads,
   for (int i = 0; i < VW; ++i) acc_a[i] = acc_b[i] = 0.f;
   // Base pointers, as the short-row forward (issue-bound): this lane's
   // columns of the neighbour rows (int32 indices: a 32x32-bit wide
-  // multiply per edge) and
-  // its head's column of the edge scores / ebuf, stepped two edges a step.
+  // multiply per edge) and its head's column of the edge scores / ebuf,
+  // stepped two edges a step (the edge-score pointer whether or not there
+  // are any: no null test in the loop).
   const T* k_lane = KIND == kDot ? a.nbr_a + o.c0 : a.nbr_a + h;
   const int k_stride = KIND == kDot ? HF : H;
   const T* v_lane = a.nbr_b + o.c0;
