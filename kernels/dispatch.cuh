@@ -86,30 +86,22 @@
     }                                            \
   }()
 
+// One level of PYG_DFGNN_DISPATCH_FEAT: where the constexpr bool HAS allows
+// level L and the runtime level is L, the body with NAME = L.
+#define PYG_DFGNN_FEAT_CASE(level, HAS, L, NAME, ...) \
+  if constexpr (HAS) {                                \
+    if ((level) == (L)) {                             \
+      constexpr int NAME = (L);                       \
+      return __VA_ARGS__();                           \
+    }                                                 \
+  }
+
 #define PYG_DFGNN_DISPATCH_FEAT(level, SCORE, WEIGHTS, DROPOUT, NAME, ...) \
   [&] {                                                                    \
-    if ((level) == 0) {                                                    \
-      constexpr int NAME = 0;                                              \
-      return __VA_ARGS__();                                                \
-    }                                                                      \
-    if constexpr (SCORE) {                                                 \
-      if ((level) == 1) {                                                  \
-        constexpr int NAME = 1;                                            \
-        return __VA_ARGS__();                                              \
-      }                                                                    \
-    }                                                                      \
-    if constexpr (WEIGHTS) {                                               \
-      if ((level) == 3) {                                                  \
-        constexpr int NAME = 3;                                            \
-        return __VA_ARGS__();                                              \
-      }                                                                    \
-    }                                                                      \
-    if constexpr (DROPOUT) {                                               \
-      if ((level) == 4) {                                                  \
-        constexpr int NAME = 4;                                            \
-        return __VA_ARGS__();                                              \
-      }                                                                    \
-    }                                                                      \
+    PYG_DFGNN_FEAT_CASE(level, true, 0, NAME, __VA_ARGS__)                 \
+    PYG_DFGNN_FEAT_CASE(level, SCORE, 1, NAME, __VA_ARGS__)                \
+    PYG_DFGNN_FEAT_CASE(level, WEIGHTS, 3, NAME, __VA_ARGS__)              \
+    PYG_DFGNN_FEAT_CASE(level, DROPOUT, 4, NAME, __VA_ARGS__)              \
     constexpr int NAME = 2;                                                \
     return __VA_ARGS__();                                                  \
   }()
