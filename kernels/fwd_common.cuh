@@ -97,11 +97,6 @@ struct FwdArgs {
   EdgeTerms<T> et;
   DropoutMask drop;
   float* __restrict__ scores;  // SMMF: raw scores [E, H] (nullptr: not kept)
-  // short rows, the weights without dropout: alpha [E, H] written by the
-  // kernel itself, row alpha_perm32 / 64[e] (both null: e); null: not here
-  T* __restrict__ alpha;
-  const int32_t* __restrict__ alpha_perm32;
-  const int64_t* __restrict__ alpha_perm64;
   int64_t n_dst;
   int H, D, F;        // D: score feature size (1 for 'add')
   int qk_group;       // lanes per (edge, head) dot product (power of two)

@@ -68,9 +68,6 @@ FwdArgs<scalar_t, index_t> make_args(const Launch& L) {
   a.et = {ptr(L.edge_score), ptr(L.edge_key), ptr(L.edge_value)};
   a.drop = L.drop;
   a.scores = nullptr;
-  a.alpha = nullptr;
-  a.alpha_perm32 = nullptr;
-  a.alpha_perm64 = nullptr;
   a.n_dst = L.n_dst;
   a.H = (int)L.H, a.D = (int)L.D, a.F = (int)L.F;
   a.qk_group = L.qk_group, a.v_group = L.v_group;
@@ -136,24 +133,6 @@ void run_rows(const Launch& L) {
   auto a = make_args<scalar_t, int32_t, true>(L);
   const at::Tensor scores = scores_buffer(L);
   if (scores.defined()) a.scores = scores.data_ptr<float>();
-  // The weights without dropout: written by the kernel after each row's
-  // softmax (its scores just written, read back from L2) instead of by
-  // alpha_kernel, where a head count that divides the owner's lanes
-  // lets the lanes walk (edge, head) pairs. (Session 16, gat-attn: the
-  // forward +0.16 ms, alpha_kernel's 0.19 gone; the sweep keeps one load
-  // chain in flight per lane.)
-  const bool own_alpha = L.alpha.defined() &&
-                         L.feature_level() == kFeatWeights &&
-                         lanes % L.H == 0;
-  if (own_alpha) {
-    a.alpha = L.alpha.data_ptr<scalar_t>();
-    if (L.alpha_perm.defined()) {
-      if (L.alpha_perm.scalar_type() == at::kInt)
-        a.alpha_perm32 = L.alpha_perm.data_ptr<int32_t>();
-      else
-        a.alpha_perm64 = L.alpha_perm.data_ptr<int64_t>();
-    }
-  }
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   PYG_DFGNN_DISPATCH_KIND(L.kind, [&] {
     if constexpr (KIND != kGatv2) {
@@ -167,7 +146,7 @@ void run_rows(const Launch& L) {
       });
     }
   });
-  if (!own_alpha) run_alpha<scalar_t>(L, scores);
+  run_alpha<scalar_t>(L, scores);
 }
 
 // SMMF (int32 col only: the host routes int64-indexed graphs to PMF); short

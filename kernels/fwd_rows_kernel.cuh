@@ -127,32 +127,6 @@ __global__ void __launch_bounds__(kThreads, kRowsFwdMinBlocks<KIND, FEAT, VW>)
       acc[i] = fmaf(p1 * f[1], v1[i], fmaf(p0 * f[0], v0[i], acc[i] * corr));
     m = m_new;
   }
-  if constexpr (kHasWeights<FEAT> && !kHasDropout<FEAT>) {
-    if (a.alpha != nullptr) {  // (the host's own_alpha: H divides lanes)
-      // alpha(e, h) = exp(s - lse) as alpha_kernel forms it; the owner's
-      // lanes walk its (edge, head) pairs, lanes / H edges a sweep, each
-      // lane taking head hh's lse from that head's first lane
-      const int li = (int)(threadIdx.x % kWarpSize) % lanes;
-      const int base = (int)(threadIdx.x % kWarpSize) - li;
-      const int hh = li % H, per = lanes / H;
-      const float lse_h = m + logf(l + 1e-16f);
-      __syncwarp();  // (the scores other lanes wrote, visible to all)
-      const float my_lse = __shfl_sync(kFullMask, lse_h, base + hh * G);
-      const unsigned sweeps = __reduce_max_sync(
-          kFullMask, (unsigned)((ehi - elo + per - 1) / per));
-      for (unsigned it = 0; it < sweeps; ++it) {
-        const int64_t e = elo + (int64_t)it * per + li / H;
-        if (has_row && e < ehi) {
-          const int64_t dst = a.alpha_perm32 != nullptr
-                                  ? (int64_t)a.alpha_perm32[e]
-                              : a.alpha_perm64 != nullptr ? a.alpha_perm64[e]
-                                                          : e;
-          a.alpha[dst * H + hh] =
-              from_float<T>(expf(sc_out[e * H + hh] - my_lse));
-        }
-      }
-    }
-  }
   if (!on) return;
   const float inv = 1.f / (l + 1e-16f);
 #pragma unroll

@@ -13,9 +13,7 @@ if one is off.
 """
 import importlib.util
 import os
-import random
 import sys
-import zlib
 from pathlib import Path
 
 import torch
@@ -70,11 +68,9 @@ def short_case(kind, dtype, dropout, graph_kind):
     """test_short_owner_kernels_with_features' check without its profiler
     (CUPTI beside the sanitizer)."""
     os.environ['PYG_DFGNN_SHORT_ROWS'] = '1'
-    seed = zlib.crc32(f'short{kind}{dtype}{dropout}{graph_kind}'.encode())
-    gen = torch.Generator().manual_seed(seed)
-    ei, size = tf.random_graph(graph_kind, random.Random(seed))
-    graph = tf.DFGraph.from_edge_index(ei.cuda(), size=size)
-    t = tf.make_case(kind, 'es', graph, 2, 16, 16, dtype, gen)
+    graph, t, gen = tf.short_owner_case(
+        f'short{kind}{dtype}{dropout}{graph_kind}', kind, 'es', dtype,
+        graph_kind)
     torch.manual_seed(5)
     tf.check_case(tf._cuda(), graph, kind, t, 'smmf', dtype, dropout, gen=gen)
 

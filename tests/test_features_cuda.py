@@ -328,6 +328,17 @@ SHORT_KERNELS = ('rows_fwd_kernel', 'short_rows_bwd_kernel',
                  'short_cols_bwd_kernel')
 
 
+def short_owner_case(tag, kind, terms, dtype, graph_kind):
+    """A random graph of ``graph_kind`` and 2 x 16 inputs with ``terms``,
+    seeded by ``tag``: (graph, inputs, generator) for the short-owner
+    tests (and scripts/sanitize_features.py)."""
+    seed = zlib.crc32(tag.encode())
+    gen = torch.Generator().manual_seed(seed)
+    ei, size = random_graph(graph_kind, random.Random(seed))
+    graph = DFGraph.from_edge_index(ei.cuda(), size=size)
+    return graph, make_case(kind, terms, graph, 2, 16, 16, dtype, gen), gen
+
+
 @pytest.mark.parametrize('kind', ['add', 'dot'])
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize('graph_kind', ['batch', 'uniform'])
@@ -339,11 +350,8 @@ def test_short_owner_kernels_dropout_only(kind, dtype, graph_kind,
     gradient against the reference with the mask that the all-level call
     of the same seed returns."""
     cuda = _cuda()
-    seed = zlib.crc32(f'dropout-only{kind}{dtype}{graph_kind}'.encode())
-    gen = torch.Generator().manual_seed(seed)
-    ei, size = random_graph(graph_kind, random.Random(seed))
-    graph = DFGraph.from_edge_index(ei.cuda(), size=size)
-    t = make_case(kind, '', graph, 2, 16, 16, dtype, gen)
+    graph, t, gen = short_owner_case(
+        f'dropout-only{kind}{dtype}{graph_kind}', kind, '', dtype, graph_kind)
     monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', '1')
     torch.manual_seed(7)
     with torch.no_grad():  # the mask: the weights after dropout (level 2)
@@ -385,11 +393,9 @@ def test_short_owner_kernels_with_features(kind, dtype, dropout, graph_kind,
     against the reference with the kernels' own mask; all three short
     kernels ran; the mask is SMMF's (same seed, same weights)."""
     cuda = _cuda()
-    seed = zlib.crc32(f'short{kind}{dtype}{dropout}{graph_kind}'.encode())
-    gen = torch.Generator().manual_seed(seed)
-    ei, size = random_graph(graph_kind, random.Random(seed))
-    graph = DFGraph.from_edge_index(ei.cuda(), size=size)
-    t = make_case(kind, 'es', graph, 2, 16, 16, dtype, gen)
+    graph, t, gen = short_owner_case(
+        f'short{kind}{dtype}{dropout}{graph_kind}', kind, 'es', dtype,
+        graph_kind)
     monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', '1')
     torch.manual_seed(5)
     with torch.profiler.profile(
