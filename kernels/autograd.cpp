@@ -93,6 +93,10 @@ class FusedAttention : public torch::autograd::Function<FusedAttention> {
                                const OptTensor& ek, const OptTensor& ev,
                                const GraphArgs& g) {
     at::AutoDispatchBelowADInplaceOrView guard;
+    // Unused outputs reach backward undefined, not as zeros: weights
+    // returned for inspection only (no gradient) keep the plain backward's
+    // kernels rather than the feature level that reads grad_alpha.
+    ctx->set_materialize_grads(false);
     auto [out, lse, alpha, rng_state] = fwd_op().call(
         g.rowptr, g.col, g.kind, query, key, value, att, g.scale,
         g.negative_slope, g.strategy, g.max_in_degree, g.windows,

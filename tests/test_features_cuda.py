@@ -416,3 +416,46 @@ def test_short_owner_kernels_with_features(kind, dtype, dropout, graph_kind,
             _, block = fused(cuda, graph, kind, t, 'smmf', dropout,
                              'after_dropout')
         assert torch.equal(short != 0, block != 0)
+
+
+@pytest.mark.parametrize('kind', ['add', 'dot'])
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize('use_weights', [False, True])
+def test_weights_gradient_only_when_used(kind, dtype, use_weights,
+                                         monkeypatch):
+    """Weights returned only for inspection (the loss does not use them)
+    reach the backward as no gradient: the plain (level 0) backward kernels
+    run. Used in the loss, the weights-gradient level (3) runs. Both give
+    the reference's gradients."""
+    cuda = _cuda()
+    graph, t, gen = short_owner_case(f'weights-grad{kind}{dtype}', kind, '',
+                                     dtype, 'batch')
+    monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', '1')
+    perm = torch.randperm(graph.num_edges, generator=gen).cuda()
+    poison_allocator()
+    with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out, alpha = fused(cuda, graph, kind, t, 'smmf', 0.0,
+                           'before_dropout', perm)
+        g_out = torch.randn(out.shape, generator=gen).to(out)
+        g_alpha = torch.randn(alpha.shape, generator=gen).to(alpha)
+        loss = (out * g_out).sum()
+        if use_weights:
+            loss = loss + (alpha * g_alpha).sum()
+        got = grads_of(loss, t)
+        torch.cuda.synchronize()
+    names = [e.name.split('(')[0] for e in prof.events()]
+    bwd = [m for m in names
+           if 'short_rows_bwd' in m or 'short_cols_bwd' in m]
+    assert len(bwd) == 2, names
+    level = ', 3>' if use_weights else ', 0>'
+    assert all(m.endswith(level) for m in bwd), bwd
+    ref_out, ref_alpha, t64 = reference(graph, kind, t, dropped=False)
+    ref_loss = (ref_out * g_out.double()).sum()
+    if use_weights:  # (alpha in the user's order: CSR edge e at perm[e])
+        ref_loss = ref_loss + (
+            ref_alpha * g_alpha.index_select(0, perm).double()).sum()
+    ref = grads_of(ref_loss, t64)
+    for name, g in got.items():
+        err = rel_err(g, ref[name])
+        assert err <= TOL_GRAD[dtype], f'{name}: rel. err {err:.2e}'
