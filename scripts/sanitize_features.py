@@ -53,7 +53,8 @@ VECTOR_ROWS = [  # heads, D_e, fill, dtype, shared M: the lane-group
     (3, 12, 'const', torch.bfloat16, False),
     (8, 64, 'none', torch.float32, False),
     (8, 16, 'mean', torch.float32, True),
-    (4, 128, 'const', torch.bfloat16, True)]
+    (4, 128, 'const', torch.bfloat16, True),
+    (1, 300, 'mean', torch.float32, True)]
 DROPOUT = [('add', 'smmf', torch.float32), ('dot', 'pmf', torch.bfloat16),
            ('gatv2', 'smmf', torch.float32)]
 

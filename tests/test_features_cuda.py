@@ -264,12 +264,13 @@ def test_weights_only_gradient():
         assert rel_err(g, ref[name]) <= 1e-4, name
 
 
-def check_edge_conv_level(conv, kind, level, seed, attention=False,
+def check_edge_conv_level(conv, kind, level, seed, attention=None,
                           bwd_level=None):
     """A training step of ``conv`` (16 -> 2 heads, edge_dim 4) on 600 nodes
     in graphs of 20 ran the block kernels of score kind ``kind`` (0 'dot',
     1 'add') at feature ``level`` in the forward and ``bwd_level`` (default
-    the same) in both backward passes."""
+    the same) in both backward passes. ``attention``: the weights returned
+    and left out of the loss ('unused') or summed into it ('loss')."""
     bwd_level = level if bwd_level is None else bwd_level
     gen = torch.Generator().manual_seed(seed)
     n = 600  # small graphs: SMMF blocks (the test pins the short kernels off)
@@ -280,9 +281,11 @@ def check_edge_conv_level(conv, kind, level, seed, attention=False,
     ea = torch.randn(ei.size(1), 4, device='cuda', requires_grad=True)
     with torch.profiler.profile(
             activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        out = conv(x, ei, ea, return_attention_weights=attention or None)
-        out = out[0] if attention else out
-        out.sum().backward()
+        out = conv(x, ei, ea, return_attention_weights=attention and True)
+        loss = (out[0] if attention else out).sum()
+        if attention == 'loss':
+            loss = loss + out[1][1].square().sum()
+        loss.backward()
         torch.cuda.synchronize()
     names = [e.name for e in prof.events()]
     fwd = [m for m in names if f'smmf_fwd_kernel<float, {kind},' in m]
@@ -293,14 +296,16 @@ def check_edge_conv_level(conv, kind, level, seed, attention=False,
 
 
 @pytest.mark.parametrize('dropout,attention,level,bwd_level', [
-    (0.0, False, 1, 1), (0.3, False, 2, 2), (0.0, True, 2, 3)])
+    (0.0, None, 1, 1), (0.3, None, 2, 2), (0.0, 'unused', 2, 1),
+    (0.0, 'loss', 2, 3)])
 def test_feature_level_of_gat_edge_kernels(dropout, attention, level,
                                           bwd_level, monkeypatch):
     """GAT's edge term alone runs the block kernels instantiated with the
     edge score only (training_features.cuh's level 1: no dropout / weights /
     edge key-value code); with dropout, the full feature kernels; with the
-    weights but no dropout, the full forward and the level-3 backward (the
-    weights' gradient without dropout's code)."""
+    weights but no dropout, the full forward, and the level-3 backward (the
+    weights' gradient without dropout's code) where the loss uses them, else
+    level 1 (no gradient reaches them)."""
     _cuda()
     monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', '0')  # (narrow heads)
     from pyg_dfgnn.nn import DFGATConv
