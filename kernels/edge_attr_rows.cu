@@ -216,7 +216,7 @@ void run_shared_mat(edge_rows::Args<T> a,
     // persistent blocks (a few per SM): one d M partial each; a block
     // takes two edges per group and step
     const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-    const GradShape shape = grad_shape<MAXH>((int)De);
+    const GradShape shape = grad_shape<MAXH>((int)De, a.vec);
     const int64_t per_block = 2 * (kEdgeThreads / shape.lanes) / shape.blocks;
     const unsigned grad_blocks = (unsigned)std::min<int64_t>(
         (a.n_edges + per_block - 1) / per_block,

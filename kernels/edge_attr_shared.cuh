@@ -161,37 +161,45 @@ __global__ void __launch_bounds__(kThreads)
 
 // For each non-loop edge p reading user row r: w' = w[p] (+ its row's
 // handed loop weight), d x[r] = sum_h w'_h M_h and, with `partial`,
-// d M = sum_p w'_p x_p^T. Lanes over x's columns: a group of L lanes (the
-// power of two >= De, at most 32) takes an edge, lane l its columns l + L c
-// of one column block; the lane holds those columns of M and its d M cells
-// in registers and reads the edge's w' itself (one address per group: a
-// broadcast). No shared memory and no barrier in the edge loop, two edges
+// d M = sum_p w'_p x_p^T. Lanes over x's columns: a group of L lanes takes
+// an edge, lane l the VW-vectors l + L c of one column block (L the power
+// of two >= the block's vectors, at most 32); the lane keeps its d M cells
+// (every head of its columns) in registers and reads the edge's w' itself
+// (one address per group: a broadcast); M from shared memory (lanes of a
+// warp read a few distinct vectors). No barrier in the edge loop, two edges
 // per lane in flight. Persistent blocks; each leaves one d M partial row
 // (summed on the host: deterministic). d x sums the heads in the order of
 // row_scatter (the same bits). (Sessions 12-16 staged a tile's w' and x
-// rows in shared memory under four barriers per tile: 0.39 ms on gat-edge
-// against ~0.25 for its traffic, the loads of one phase at a time.)
+// rows in shared memory under four barriers per tile: 0.39 ms on gat-edge,
+// the L1 / shared pipe 85% busy; one column per lane: 1.24 ms, too few
+// edges in flight.)
 //
-// Columns per lane: kGradCols<MAXH> registers of M and of d M cells each.
+// Columns per lane: kGradCols<MAXH> (its d M cells: MAXH times that).
 template <int MAXH>
-inline constexpr int kGradCols = MAXH >= 16 ? 1 : 16 / MAXH;
+inline constexpr int kGradCols = 32 / MAXH;
+// Elements per vector access of an x row (VW > 1: De % kVW == 0).
+template <int MAXH>
+inline constexpr int kGradVW = kGradCols<MAXH> < kVW ? kGradCols<MAXH> : kVW;
 
-// The group's lanes L and column blocks (of L * kGradCols columns each).
+// The group's lanes and column blocks.
 struct GradShape {
   int lanes, blocks;
 };
 template <int MAXH>
-inline GradShape grad_shape(int De) {
+inline GradShape grad_shape(int De, bool vec) {
+  const int vw = vec ? kGradVW<MAXH> : 1;
+  const int vectors = (De + vw - 1) / vw;
+  const int per_lane = kGradCols<MAXH> / vw;  // vectors per lane
   int lanes = 1;
-  while (lanes < De && lanes < kWarpSize) lanes <<= 1;
-  const int span = lanes * kGradCols<MAXH>;
-  return {lanes, (De + span - 1) / span};
+  while (lanes * per_lane < vectors && lanes < kWarpSize) lanes <<= 1;
+  const int span = lanes * per_lane;
+  return {lanes, (vectors + span - 1) / span};
 }
 
 // Resident blocks per SM (the host launches that many persistent blocks per
-// SM): registers for two edges' w' and the lane's M / d M columns.
+// SM): registers for two edges' w' and x and the lane's d M cells.
 template <int MAXH>
-inline constexpr int kGradBlocksPerSM = 3;
+inline constexpr int kGradBlocksPerSM = 2;
 
 // w[p, :H] (+ the row's handed loop weight) as floats, 0 past H; `vec`:
 // rows of 4-aligned H in 4-wide loads (w this op's input made contiguous,
@@ -221,18 +229,17 @@ __device__ __forceinline__ void edge_weights(const T* w, const float* lw,
   }
 }
 
-template <typename T, int MAXH>
-__global__ void __launch_bounds__(kEdgeThreads, kGradBlocksPerSM<MAXH>)
-    shared_grad_kernel(Args<T> a, const float* __restrict__ loop_w,
-                       float* __restrict__ partial, GradShape shape,
-                       bool wvec) {
-  constexpr int C = kGradCols<MAXH>;
+template <typename T, int MAXH, int VW>
+__device__ __forceinline__ void shared_grad_lanes(
+    const Args<T>& a, const float* __restrict__ loop_w,
+    float* __restrict__ partial, GradShape shape, bool wvec,
+    const float* s_m, float (*s_sum)[kEdgeRowsMaxHD]) {
+  constexpr int C = kGradCols<MAXH> / VW;  // vectors per lane
   constexpr int kBlockWarps = kEdgeThreads / kWarpSize;
-  __shared__ float s_sum[kBlockWarps][kEdgeRowsMaxHD];
   const int H = a.H, De = a.De, L = shape.lanes;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int sub = lane & (L - 1);
-  // groups: (edge stream, column block) pairs; a lane's columns
+  // groups: (edge stream, column block) pairs; a lane's first columns
   const int64_t group = (int64_t)blockIdx.x * (kEdgeThreads / L) +
                         threadIdx.x / L;
   const int cb = (int)(group % shape.blocks);
@@ -240,23 +247,21 @@ __global__ void __launch_bounds__(kEdgeThreads, kGradBlocksPerSM<MAXH>)
   const int64_t streams =
       (int64_t)gridDim.x * (kEdgeThreads / L) / shape.blocks;
   int col[C];
-  float m[MAXH][C], acc[MAXH][C];
+  float acc[MAXH][C][VW];
 #pragma unroll
   for (int c = 0; c < C; ++c) {
-    col[c] = cb * L * C + c * L + sub;
+    col[c] = (cb * L * C + c * L + sub) * VW;
 #pragma unroll
-    for (int h = 0; h < MAXH; ++h) {
-      m[h][c] = h < H && col[c] < De ? to_float(a.m[h * De + col[c]]) : 0.f;
-      acc[h][c] = 0.f;
-    }
+    for (int h = 0; h < MAXH; ++h)
+#pragma unroll
+      for (int i = 0; i < VW; ++i) acc[h][c][i] = 0.f;
   }
-  // (a group past the last whole stream count idles: streams is exact)
-  const bool active = stream0 < streams;
-  for (int64_t p0 = active ? stream0 : a.n_edges; p0 < a.n_edges;
+  // (groups past the last whole stream idle)
+  for (int64_t p0 = stream0 < streams ? stream0 : a.n_edges; p0 < a.n_edges;
        p0 += 2 * streams) {
     int64_t r[2];
     bool own[2];
-    float wv[2][MAXH], xv[2][C];
+    float wv[2][MAXH], xv[2][C][VW];
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const int64_t p = p0 + u * streams;
@@ -265,7 +270,9 @@ __global__ void __launch_bounds__(kEdgeThreads, kGradBlocksPerSM<MAXH>)
 #pragma unroll
       for (int h = 0; h < MAXH; ++h) wv[u][h] = 0.f;
 #pragma unroll
-      for (int c = 0; c < C; ++c) xv[u][c] = 0.f;
+      for (int c = 0; c < C; ++c)
+#pragma unroll
+        for (int i = 0; i < VW; ++i) xv[u][c][i] = 0.f;
       if (own[u]) {
         const float* lw = loop_w != nullptr
                               ? loop_w + (int64_t)a.edge_row[p] * H
@@ -274,26 +281,35 @@ __global__ void __launch_bounds__(kEdgeThreads, kGradBlocksPerSM<MAXH>)
         if (partial != nullptr)
 #pragma unroll
           for (int c = 0; c < C; ++c)
-            if (col[c] < De) xv[u][c] = to_float(a.x[r[u] * De + col[c]]);
+            if (col[c] < De) load_vec<T, VW>(a.x + r[u] * De + col[c], xv[u][c]);
       }
     }
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       if (partial != nullptr)
 #pragma unroll
-        for (int c = 0; c < C; ++c)
+        for (int h = 0; h < MAXH; ++h)
 #pragma unroll
-          for (int h = 0; h < MAXH; ++h)
-            acc[h][c] = fmaf(wv[u][h], xv[u][c], acc[h][c]);
+          for (int c = 0; c < C; ++c)
+#pragma unroll
+            for (int i = 0; i < VW; ++i)
+              acc[h][c][i] = fmaf(wv[u][h], xv[u][c][i], acc[h][c][i]);
       if (!own[u] || a.scatter == nullptr) continue;
 #pragma unroll
       for (int c = 0; c < C; ++c) {
         if (col[c] >= De) continue;
-        float g = 0.f;
+        float g[VW];
+#pragma unroll
+        for (int i = 0; i < VW; ++i) g[i] = 0.f;
 #pragma unroll
         for (int h = 0; h < MAXH; ++h)
-          if (h < H) g = fmaf(wv[u][h], m[h][c], g);
-        a.scatter[r[u] * De + col[c]] = from_float<T>(g);
+          if (h < H) {
+            float mv[VW];
+            load_smem<VW>(s_m + h * De + col[c], mv);
+#pragma unroll
+            for (int i = 0; i < VW; ++i) g[i] = fmaf(wv[u][h], mv[i], g[i]);
+          }
+        store_vec<T, VW>(a.scatter + r[u] * De + col[c], g);
       }
     }
   }
@@ -303,16 +319,18 @@ __global__ void __launch_bounds__(kEdgeThreads, kGradBlocksPerSM<MAXH>)
   for (int o = lane; o < HD; o += kWarpSize) s_sum[warp][o] = 0.f;
   __syncwarp();
 #pragma unroll
-  for (int c = 0; c < C; ++c)
+  for (int h = 0; h < MAXH; ++h)
 #pragma unroll
-    for (int h = 0; h < MAXH; ++h) {
-      float v = acc[h][c];
-      for (int o = L; o < kWarpSize; o <<= 1)
-        v += __shfl_xor_sync(kFullMask, v, o);
-      // (a warp's groups share one column block: L < 32 means one block)
-      if (lane < L && h < H && col[c] < De)
-        s_sum[warp][h * De + col[c]] += v;
-    }
+    for (int c = 0; c < C; ++c)
+#pragma unroll
+      for (int i = 0; i < VW; ++i) {
+        float v = acc[h][c][i];
+        for (int o = L; o < kWarpSize; o <<= 1)
+          v += __shfl_xor_sync(kFullMask, v, o);
+        // (L < 32: one column block, the warp's groups hold the same cells)
+        if (lane < L && h < H && col[c] < De)
+          s_sum[warp][h * De + col[c] + i] = v;
+      }
   __syncthreads();
   for (int o = threadIdx.x; o < HD; o += kEdgeThreads) {
     float total = 0.f;
@@ -320,6 +338,23 @@ __global__ void __launch_bounds__(kEdgeThreads, kGradBlocksPerSM<MAXH>)
     for (int k = 0; k < kBlockWarps; ++k) total += s_sum[k][o];
     partial[(int64_t)blockIdx.x * HD + o] = total;
   }
+}
+
+template <typename T, int MAXH>
+__global__ void __launch_bounds__(kEdgeThreads, kGradBlocksPerSM<MAXH>)
+    shared_grad_kernel(Args<T> a, const float* __restrict__ loop_w,
+                       float* __restrict__ partial, GradShape shape,
+                       bool wvec) {
+  __shared__ __align__(16) float s_m[kEdgeRowsMaxHD];
+  __shared__ float s_sum[kEdgeThreads / kWarpSize][kEdgeRowsMaxHD];
+  load_shared_mat(a, s_m);
+  __syncthreads();
+  if (a.vec)
+    shared_grad_lanes<T, MAXH, kGradVW<MAXH>>(a, loop_w, partial, shape,
+                                              wvec, s_m, s_sum);
+  else
+    shared_grad_lanes<T, MAXH, 1>(a, loop_w, partial, shape, wvec, s_m,
+                                  s_sum);
 }
 
 }  // namespace edge_rows
