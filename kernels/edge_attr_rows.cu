@@ -213,23 +213,18 @@ void run_shared_mat(edge_rows::Args<T> a,
              stream>>>(a, loop_w.data_ptr<float>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
-    // persistent blocks (a few per SM): one d M partial each; a block
-    // takes two edges per group and step
+    // persistent blocks (a few per SM): one d M partial each
     const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-    const GradShape shape = grad_shape<MAXH>((int)De, a.vec);
-    const int64_t per_block = 2 * (kEdgeThreads / shape.lanes) / shape.blocks;
+    const int64_t tile = grad_tile_edges((int)De);
     const unsigned grad_blocks = (unsigned)std::min<int64_t>(
-        (a.n_edges + per_block - 1) / per_block,
-        kGradBlocksPerSM<MAXH> * (int64_t)sms);
-    const bool wvec = H % 4 == 0 &&
-                      reinterpret_cast<uintptr_t>(a.w) % (4 * sizeof(T)) == 0;
+        (a.n_edges + tile - 1) / tile, kGradBlocksPerSM<MAXH> * (int64_t)sms);
     at::Tensor dm;
     at::Tensor partial = at::empty({sums ? (int64_t)grad_blocks : 0, H * De},
                                    fopts);
     if (grad_blocks > 0) {
       shared_grad_kernel<T, MAXH><<<grad_blocks, kEdgeThreads, 0, stream>>>(
           a, handed ? loop_w.data_ptr<float>() : nullptr,
-          sums ? partial.data_ptr<float>() : nullptr, shape, wvec);
+          sums ? partial.data_ptr<float>() : nullptr);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
     if (!sums) return;

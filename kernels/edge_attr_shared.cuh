@@ -160,201 +160,175 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // For each non-loop edge p reading user row r: w' = w[p] (+ its row's
-// handed loop weight), d x[r] = sum_h w'_h M_h and, with `partial`,
-// d M = sum_p w'_p x_p^T. Lanes over x's columns: a group of L lanes takes
-// an edge, lane l the VW-vectors l + L c of one column block (L the power
-// of two >= the block's vectors, at most 32); the lane keeps its d M cells
-// (every head of its columns) in registers and reads the edge's w' itself
-// (one address per group: a broadcast); M from shared memory (lanes of a
-// warp read a few distinct vectors). No barrier in the edge loop, two edges
-// per lane in flight. Persistent blocks; each leaves one d M partial row
-// (summed on the host: deterministic). d x sums the heads in the order of
-// row_scatter (the same bits). (Sessions 12-16 staged a tile's w' and x
-// rows in shared memory under four barriers per tile: 0.39 ms on gat-edge,
-// the L1 / shared pipe 85% busy; one column per lane: 1.24 ms, too few
-// edges in flight.)
-//
-// Columns per lane: kGradCols<MAXH> (its d M cells: MAXH times that).
-template <int MAXH>
-inline constexpr int kGradCols = 32 / MAXH;
-// Elements per vector access of an x row (VW > 1: De % kVW == 0).
-template <int MAXH>
-inline constexpr int kGradVW = kGradCols<MAXH> < kVW ? kGradCols<MAXH> : kVW;
+// handed loop weight), d x[r] = sum_h w'_h M_h (scatter) and, with
+// `partial`, d M = sum_p w'_p x_p^T. Tiles of te = min(256, 4096 / De)
+// edges: the tile's w' and x rows are staged in shared memory (coalesced
+// loads of whole rows), d x is formed from them with threads over (edge,
+// VW columns), and each thread keeps its d M cells -- one head by VW
+// columns, summed over every tile the block takes -- in registers; the
+// blocks' partials leave once (summed on the host: deterministic). An
+// edge's handed loop weight is found through the map's edge_row, loaded
+// with the tile's index: no search. Shared rows move VW floats per access
+// (session 15: 0.42 -> 0.41 ms on gat-edge; ncu's busy L1 / shared pipe is
+// not these loads). Persistent blocks. (Session 12's first fold summed each tile's products
+// through shared memory under seven barriers per tile: 0.74 ms on
+// gat-edge, against ~0.25 for its traffic.)
+constexpr int kGradTileFloats = 4096;  // s_w and s_x: floats each
 
-// The group's lanes and column blocks.
-struct GradShape {
-  int lanes, blocks;
-};
-template <int MAXH>
-inline GradShape grad_shape(int De, bool vec) {
-  const int vw = vec ? kGradVW<MAXH> : 1;
-  const int vectors = (De + vw - 1) / vw;
-  const int per_lane = kGradCols<MAXH> / vw;  // vectors per lane
-  int lanes = 1;
-  while (lanes * per_lane < vectors && lanes < kWarpSize) lanes <<= 1;
-  const int span = lanes * per_lane;
-  return {lanes, (vectors + span - 1) / span};
+// Edges per shared_grad tile: the tile's x rows fit s_x.
+__host__ __device__ inline int grad_tile_edges(int De) {
+  return De >= kGradTileFloats / kEdgeThreads ? kGradTileFloats / De
+                                              : kEdgeThreads;
 }
 
-// Resident blocks per SM (the host launches that many persistent blocks per
-// SM): registers for two edges' w' and x and the lane's d M cells.
-template <int MAXH>
-inline constexpr int kGradBlocksPerSM = 2;
-
-// w[p, :H] (+ the row's handed loop weight) as floats, 0 past H; `vec`:
-// rows of 4-aligned H in 4-wide loads (w this op's input made contiguous,
-// loop_w this op's allocation).
-template <typename T, int MAXH>
-__device__ __forceinline__ void edge_weights(const T* w, const float* lw,
-                                             int H, bool vec,
-                                             float (&wv)[MAXH]) {
-  if (vec) {
-#pragma unroll
-    for (int h = 0; h < MAXH; h += 4)
-      if (h < H) {
-        float v[4];
-        load_vec<T, 4>(w + h, v);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) wv[h + i] = v[i];
-        if (lw != nullptr) {
-          load_vec<float, 4>(lw + h, v);
-#pragma unroll
-          for (int i = 0; i < 4; ++i) wv[h + i] += v[i];
-        }
-      }
-  } else {
-#pragma unroll
-    for (int h = 0; h < MAXH; ++h)
-      if (h < H) wv[h] = to_float(w[h]) + (lw != nullptr ? lw[h] : 0.f);
-  }
+// The d M cell thread t sums in its slot k, -1 for none: t % cells with
+// fewer cells than threads (groups of threads share a cell), else t and
+// t + 256.
+__device__ __forceinline__ int grad_cell(int t, int k, int cells) {
+  const int cell =
+      (t % (cells < kEdgeThreads ? cells : kEdgeThreads)) + k * kEdgeThreads;
+  return cell >= cells || (k > 0 && cells < kEdgeThreads) ? -1 : cell;
 }
 
 template <typename T, int MAXH, int VW>
-__device__ __forceinline__ void shared_grad_lanes(
+__device__ __forceinline__ void shared_grad_tiles(
     const Args<T>& a, const float* __restrict__ loop_w,
-    float* __restrict__ partial, GradShape shape, bool wvec,
-    const float* s_m, float (*s_sum)[kEdgeRowsMaxHD]) {
-  constexpr int C = kGradCols<MAXH> / VW;  // vectors per lane
-  constexpr int kBlockWarps = kEdgeThreads / kWarpSize;
-  const int H = a.H, De = a.De, L = shape.lanes;
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const int sub = lane & (L - 1);
-  // groups: (edge stream, column block) pairs; a lane's first columns
-  const int64_t group = (int64_t)blockIdx.x * (kEdgeThreads / L) +
-                        threadIdx.x / L;
-  const int cb = (int)(group % shape.blocks);
-  const int64_t stream0 = group / shape.blocks;
-  const int64_t streams =
-      (int64_t)gridDim.x * (kEdgeThreads / L) / shape.blocks;
-  int col[C];
-  float acc[MAXH][C][VW];
+    float* __restrict__ partial,
+    const float* s_m, float* s_w, float* s_x, int64_t* s_r) {
+  const int H = a.H, De = a.De, HD = H * De, t = threadIdx.x;
+  const int te = grad_tile_edges(De);
+  const int qs = De / VW;       // VW-column groups per row
+  const int cells = H * qs;     // d M cells (one head x VW columns)
+  const int groups = cells >= kEdgeThreads ? 1 : kEdgeThreads / cells;
+  const int g = t / cells;      // (cells >= 256: 0)
+  constexpr int kSlots = kEdgeRowsMaxHD / kEdgeThreads;  // cells per thread
+  float acc[kSlots][VW];
 #pragma unroll
-  for (int c = 0; c < C; ++c) {
-    col[c] = (cb * L * C + c * L + sub) * VW;
+  for (int k = 0; k < kSlots; ++k)
 #pragma unroll
-    for (int h = 0; h < MAXH; ++h)
+    for (int c = 0; c < VW; ++c) acc[k][c] = 0.f;
+  // f(slot k, cell) for each d M cell of this thread
+  auto for_cells = [&](auto&& f) {
+    if (g >= groups) return;
 #pragma unroll
-      for (int i = 0; i < VW; ++i) acc[h][c][i] = 0.f;
-  }
-  // (groups past the last whole stream idle)
-  for (int64_t p0 = stream0 < streams ? stream0 : a.n_edges; p0 < a.n_edges;
-       p0 += 2 * streams) {
-    int64_t r[2];
-    bool own[2];
-    float wv[2][MAXH], xv[2][C][VW];
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int64_t p = p0 + u * streams;
-      r[u] = p < a.n_edges ? (a.index != nullptr ? a.index[p] : p) : a.n_in;
-      own[u] = r[u] < a.n_in;
-#pragma unroll
-      for (int h = 0; h < MAXH; ++h) wv[u][h] = 0.f;
-#pragma unroll
-      for (int c = 0; c < C; ++c)
-#pragma unroll
-        for (int i = 0; i < VW; ++i) xv[u][c][i] = 0.f;
-      if (own[u]) {
-        const float* lw = loop_w != nullptr
-                              ? loop_w + (int64_t)a.edge_row[p] * H
-                              : nullptr;
-        edge_weights<T, MAXH>(a.w + p * H, lw, H, wvec, wv[u]);
-        if (partial != nullptr)
-#pragma unroll
-          for (int c = 0; c < C; ++c)
-            if (col[c] < De) load_vec<T, VW>(a.x + r[u] * De + col[c], xv[u][c]);
-      }
+    for (int k = 0; k < kSlots; ++k) {
+      const int cell = grad_cell(t, k, cells);
+      if (cell < 0) break;
+      f(k, cell);
     }
+  };
+  const int64_t tiles = (a.n_edges + te - 1) / te;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int64_t p0 = tile * te;
+    const int n = (int)(a.n_edges - p0 < te ? a.n_edges - p0 : te);
+    __syncthreads();  // (the previous tile is consumed)
+    // edge t's user row and its row's handed loop weight (registers, read
+    // back after the barrier: no load waits behind one)
+    float lw[MAXH];
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      if (partial != nullptr)
+    for (int h = 0; h < MAXH; ++h) lw[h] = 0.f;
+    bool own = false;
+    if (t < te) {
+      const int64_t p = p0 + t;
+      const int64_t r = t < n ? (a.index != nullptr ? a.index[p] : p) : a.n_in;
+      s_r[t] = r;
+      own = r < a.n_in;
+      if (own && loop_w != nullptr) {
+        const float* lr = loop_w + (int64_t)a.edge_row[p] * H;
 #pragma unroll
         for (int h = 0; h < MAXH; ++h)
+          if (h < H) lw[h] = lr[h];
+      }
+    }
+    for (int i = t; i < n * H; i += kEdgeThreads)
+      s_w[i] = to_float(a.w[p0 * H + i]);
+    __syncthreads();
+    if (t < te) {  // w' of edge t: 0 for loops and past the tile
 #pragma unroll
-          for (int c = 0; c < C; ++c)
+      for (int h = 0; h < MAXH; ++h)
+        if (h < H) s_w[t * H + h] = own ? s_w[t * H + h] + lw[h] : 0.f;
+    }
+    __syncthreads();
+    for (int i = t; i < te * qs; i += kEdgeThreads) {
+      const int e = i / qs, c0 = (i - e * qs) * VW;
+      const int64_t r = s_r[e];
+      const bool own = r < a.n_in;
+      if (own && a.scatter != nullptr) {  // d x[r, c0:c0+VW]
+        float gx[VW];
 #pragma unroll
-            for (int i = 0; i < VW; ++i)
-              acc[h][c][i] = fmaf(wv[u][h], xv[u][c][i], acc[h][c][i]);
-      if (!own[u] || a.scatter == nullptr) continue;
-#pragma unroll
-      for (int c = 0; c < C; ++c) {
-        if (col[c] >= De) continue;
-        float g[VW];
-#pragma unroll
-        for (int i = 0; i < VW; ++i) g[i] = 0.f;
+        for (int c = 0; c < VW; ++c) gx[c] = 0.f;
 #pragma unroll
         for (int h = 0; h < MAXH; ++h)
           if (h < H) {
+            const float wh = s_w[e * H + h];
             float mv[VW];
-            load_smem<VW>(s_m + h * De + col[c], mv);
+            load_smem<VW>(s_m + h * De + c0, mv);
 #pragma unroll
-            for (int i = 0; i < VW; ++i) g[i] = fmaf(wv[u][h], mv[i], g[i]);
+            for (int c = 0; c < VW; ++c) gx[c] = fmaf(wh, mv[c], gx[c]);
           }
-        store_vec<T, VW>(a.scatter + r[u] * De + col[c], g);
+        store_vec<T, VW>(a.scatter + r * De + c0, gx);
+      }
+      if (partial != nullptr) {
+        float xv[VW];
+        if (own) {
+          load_vec<T, VW>(a.x + r * De + c0, xv);
+        } else {
+#pragma unroll
+          for (int c = 0; c < VW; ++c) xv[c] = 0.f;
+        }
+        store_smem<VW>(s_x + e * De + c0, xv);
       }
     }
+    if (partial == nullptr) continue;  // (block-uniform)
+    __syncthreads();
+    for_cells([&](int k, int cell) {
+      const int h = cell / qs, c0 = (cell - h * qs) * VW;
+      for (int e = g; e < te; e += groups) {
+        const float wh = s_w[e * H + h];
+        float xv[VW];
+        load_smem<VW>(s_x + e * De + c0, xv);
+#pragma unroll
+        for (int c = 0; c < VW; ++c) acc[k][c] = fmaf(wh, xv[c], acc[k][c]);
+      }
+    });
   }
   if (partial == nullptr) return;
-  // lanes of one column (the warp's groups) summed, then the warps' rows
-  const int HD = H * De;
-  for (int o = lane; o < HD; o += kWarpSize) s_sum[warp][o] = 0.f;
-  __syncwarp();
-#pragma unroll
-  for (int h = 0; h < MAXH; ++h)
-#pragma unroll
-    for (int c = 0; c < C; ++c)
-#pragma unroll
-      for (int i = 0; i < VW; ++i) {
-        float v = acc[h][c][i];
-        for (int o = L; o < kWarpSize; o <<= 1)
-          v += __shfl_xor_sync(kFullMask, v, o);
-        // (L < 32: one column block, the warp's groups hold the same cells)
-        if (lane < L && h < H && col[c] < De)
-          s_sum[warp][h * De + col[c] + i] = v;
-      }
+  // the groups' sums: [groups, HD] through s_x, then one row per block
   __syncthreads();
-  for (int o = threadIdx.x; o < HD; o += kEdgeThreads) {
-    float total = 0.f;
+  for_cells([&](int k, int cell) {
 #pragma unroll
-    for (int k = 0; k < kBlockWarps; ++k) total += s_sum[k][o];
+    for (int c = 0; c < VW; ++c) s_x[g * HD + cell * VW + c] = acc[k][c];
+  });
+  __syncthreads();
+  for (int o = t; o < HD; o += kEdgeThreads) {
+    float total = 0.f;
+    for (int k = 0; k < groups; ++k) total += s_x[k * HD + o];
     partial[(int64_t)blockIdx.x * HD + o] = total;
   }
 }
 
+// Resident shared_grad blocks per SM; the host launches that many
+// persistent blocks per SM. Up to 8 heads, 5 (48 registers, no spill; it
+// was 4 at 64 registers); 16 heads keep 4 (5 spilled 164 bytes).
+template <int MAXH>
+inline constexpr int kGradBlocksPerSM = MAXH <= 8 ? 5 : 4;
+
 template <typename T, int MAXH>
 __global__ void __launch_bounds__(kEdgeThreads, kGradBlocksPerSM<MAXH>)
     shared_grad_kernel(Args<T> a, const float* __restrict__ loop_w,
-                       float* __restrict__ partial, GradShape shape,
-                       bool wvec) {
+                       float* __restrict__ partial) {
   __shared__ __align__(16) float s_m[kEdgeRowsMaxHD];
-  __shared__ float s_sum[kEdgeThreads / kWarpSize][kEdgeRowsMaxHD];
+  __shared__ __align__(16) float s_w[kGradTileFloats];
+  __shared__ __align__(16) float s_x[kGradTileFloats];
+  __shared__ int64_t s_r[kEdgeThreads];
   load_shared_mat(a, s_m);
-  __syncthreads();
+  // (the first tile's barrier orders s_m before its use)
   if (a.vec)
-    shared_grad_lanes<T, MAXH, kGradVW<MAXH>>(a, loop_w, partial, shape,
-                                              wvec, s_m, s_sum);
+    shared_grad_tiles<T, MAXH, kVW>(a, loop_w, partial, s_m, s_w,
+                                    s_x, s_r);
   else
-    shared_grad_lanes<T, MAXH, 1>(a, loop_w, partial, shape, wvec, s_m,
-                                  s_sum);
+    shared_grad_tiles<T, MAXH, 1>(a, loop_w, partial, s_m, s_w,
+                                  s_x, s_r);
 }
 
 }  // namespace edge_rows

@@ -7,7 +7,7 @@ the shapes allow), interleaved. For setting the rule in
 
     python scripts/short_vs_block.py [--graphs pattern-like@32,...]
         [--shapes 4x16,1x128] [--kinds add,dot] [--dtype bfloat16]
-        [--json out.json]
+        [--json out.json] [--once]
 
 ``name@G`` takes G graphs of a batch graph (``scale`` = G / its count).
 """
@@ -39,6 +39,9 @@ def main():
     p.add_argument('--dtype', default='float32',
                    choices=['float32', 'float16', 'bfloat16'])
     p.add_argument('--json', default=None)
+    p.add_argument('--once', action='store_true',
+                   help='one forward + backward of the short kernels per '
+                   'case, untimed (for ncu)')
     args = p.parse_args()
     dtype = getattr(torch, args.dtype)
     dev = torch.device('cuda')
@@ -68,6 +71,14 @@ def main():
                     out = fused_attention(graph, kind, v, q, k)
                     torch.autograd.grad(out, (v, q, k), g)
 
+                if args.once:
+                    os.environ['PYG_DFGNN_SHORT_ROWS'] = '1'
+                    fb()
+                    torch.cuda.synchronize()
+                    os.environ.pop('PYG_DFGNN_SHORT_ROWS')
+                    print(gname, kind, shape, 'E', graph.num_edges, 'rows', n,
+                          flush=True)
+                    continue
                 res = {}
                 for mode in ('0', '1', '0', '1'):
                     os.environ['PYG_DFGNN_SHORT_ROWS'] = mode
