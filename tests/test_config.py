@@ -136,9 +136,11 @@ def test_attn_impl_resolves_per_device():
     with pytest.raises(ConfigError, match='does not compile'):
         load_config(overrides=['gt.attn_impl=varlen', 'gt.attn_dropout=0',
                                'train.capture=compile'])
-    # attention dropout in effect: padded (varlen + dropout is refused)
-    assert global_attn_impl('auto', 'dfgnn', 'cuda', dropout=0.5) == \
-        'padded'
+    # attention dropout in effect: fused (varlen + dropout is refused),
+    # padded under compile
+    assert global_attn_impl('auto', 'dfgnn', 'cuda', dropout=0.5) == 'fused'
+    assert global_attn_impl('auto', 'dfgnn', 'cuda', compiling=True,
+                            dropout=0.5) == 'padded'
     assert global_attn_impl('auto', 'dfgnn', 'cpu', dropout=0.5) == 'fused'
     with pytest.raises(ConfigError, match='backward than in its forward'):
         global_attn_impl('varlen', 'dfgnn', 'cuda', dropout=0.5)

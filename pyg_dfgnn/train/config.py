@@ -225,9 +225,9 @@ SCHEMA: Dict[str, Any] = {
                         "'fused' (our op over the block-diagonal complete "
                         "graph), 'padded' (GraphGPS's padded "
                         "nn.MultiheadAttention); 'auto': varlen on CUDA "
-                        "(padded while training with attention dropout or "
-                        "compiled), fused elsewhere. Backend pyg: padded "
-                        "only"),
+                        "(fused while training with attention dropout, "
+                        "padded compiled), fused elsewhere. Backend pyg: "
+                        "padded only"),
     },
     'gnn': {
         'head': _f('inductive_node', choices=('inductive_node', )),

@@ -24,16 +24,18 @@ module's weights run without padding, as ``gt.attn_impl`` says:
   nodes of a captured batch in segments of at most the largest graph),
   ``cu_seqlens`` from the batch's graph bounds -- the kernel nested jagged
   SDPA runs, without the nested tensors' host work;
-* ``'fused'`` (``'auto'`` elsewhere): our op, ``'dot'`` attention over the
-  block-diagonal complete graph of the batch (``attn_graph`` of the device
-  loader, :mod:`pyg_dfgnn.train.batching`);
-* ``'padded'``: GraphGPS's way (``'auto'`` on CUDA while training with
-  attention dropout, and under ``torch.compile``: see
+* ``'fused'`` (``'auto'`` on CUDA while training with attention dropout,
+  and on the CPU): our op, ``'dot'`` attention over the block-diagonal
+  complete graph of the batch (``attn_graph`` of the device loader,
+  :mod:`pyg_dfgnn.train.batching`), the dropout mask drawn in the kernels;
+* ``'padded'``: GraphGPS's way (``'auto'`` under ``torch.compile``: see
   :func:`global_attn_impl`).
 
-H100, pattern-gps, captured step: the complete graph's D = 16 heads leave
-our op 5x slower than the memory-efficient kernel (benchmarks/NOTES.md
-"Session 10"). Device-loader batches also carry the dense layout
+H100, pattern-gps, captured step, attention dropout 0.5 (benchmarks/NOTES.md
+"Session 17"): our op (the short-owner kernels, D = 16 heads) 213 us per
+layer forward + backward against the padded memory-efficient kernel's 198
+plus its padding, 2.45 against 2.59 s per epoch. (Session 10, before the
+short-owner kernels: our op 5x slower.) Device-loader batches also carry the dense layout
 (``dense_index``, ``max_num_nodes``) and the graph bounds, so every path
 runs without host syncs.
 
@@ -253,13 +255,15 @@ def global_attn_impl(impl: str, backend: str, device: Any,
                      compiling: bool = False, dropout: float = 0.0) -> str:
     """``gt.attn_impl`` resolved for ``device``: ``'auto'`` is ``'varlen'``
     on CUDA and ``'fused'`` elsewhere (backend pyg: ``'padded'``);
-    ``'varlen'`` needs CUDA. On CUDA ``'auto'`` is ``'padded'`` instead
+    ``'varlen'`` needs CUDA. On CUDA ``'auto'`` is not ``'varlen'``
 
-    * under ``torch.compile`` (``compiling``): PyTorch's fake (meta)
-      function of the kernel's backward takes other arguments than the op
-      (it lacks ``out``; torch 2.11-2.14), so a compiled backward through
-      it fails;
-    * with attention ``dropout`` in effect (training): the kernel's
+    * under ``torch.compile`` (``compiling``): ``'padded'``. PyTorch's fake
+      (meta) function of the kernel's backward takes other arguments than
+      the op (it lacks ``out``; torch 2.11-2.14), so a compiled backward
+      through it fails;
+    * with attention ``dropout`` in effect (training): ``'fused'`` (our
+      kernels draw the mask and regenerate it in the backward). The
+      varlen kernel's
       backward under ``cu_seqlens`` regenerates another dropout mask than
       its forward used (scripts/varlen_dropout_check.py, H100, torch 2.11:
       directional derivative 2.22 vs -4.45 by central differences at p =
@@ -272,7 +276,9 @@ def global_attn_impl(impl: str, backend: str, device: Any,
     if impl == 'auto':
         if not cuda:
             return 'fused'
-        return 'padded' if compiling or dropout > 0 else 'varlen'
+        if compiling:
+            return 'padded'
+        return 'fused' if dropout > 0 else 'varlen'
     if impl == 'varlen' and not cuda:
         raise ConfigError("'gt.attn_impl' varlen runs PyTorch's "
                           "memory-efficient attention kernel, on CUDA only "

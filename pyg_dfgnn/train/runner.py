@@ -467,10 +467,10 @@ def make_loaders(cfg: Config, bundle, device: torch.device, model,
     from pyg_dfgnn.train.model import global_attn_impl
     _, glob = split_layer_type(cfg.gt.layer_type)
     # (raises here, before any epoch, for an impl the device cannot run)
+    compiling = canonical_value('train.capture', cfg.train.capture) == \
+        'compile'
     impl = global_attn_impl(cfg.gt.attn_impl, cfg.backend, device,
-                            compiling=canonical_value(
-                                'train.capture', cfg.train.capture) ==
-                            'compile')
+                            compiling=compiling)
     size = cfg.train.batch_size
     if cfg.train.loader == 'pyg':
         from torch_geometric.loader import DataLoader
@@ -491,13 +491,20 @@ def make_loaders(cfg: Config, bundle, device: torch.device, model,
         size, stores['train'].max_graph_nodes, device)
     kw: Dict[str, Any] = dict(
         dfgraph=model.local_takes_dfgraph and stores['train'].sorted,
-        attention=glob == 'Transformer' and impl == 'fused',
         windows_per_graph=pieces)
-    train_loader = DeviceLoader(stores['train'], size, shuffle=True,
-                                generator=order, pad=pad,
-                                num_slots=size if pad else None, **kw)
-    return train_loader, {split: DeviceLoader(stores[split], size, **kw)
-                          for split in ('val', 'test')}
+    # training resolves 'auto' with its attention dropout ('fused' on CUDA:
+    # the batches carry the attention graph), evaluation without
+    train_impl = global_attn_impl(cfg.gt.attn_impl, cfg.backend, device,
+                                  compiling=compiling,
+                                  dropout=cfg.gt.attn_dropout)
+    train_loader = DeviceLoader(
+        stores['train'], size, shuffle=True, generator=order, pad=pad,
+        num_slots=size if pad else None,
+        attention=glob == 'Transformer' and train_impl == 'fused', **kw)
+    return train_loader, {split: DeviceLoader(
+        stores[split], size,
+        attention=glob == 'Transformer' and impl == 'fused', **kw)
+        for split in ('val', 'test')}
 
 
 def count_parameters(model) -> int:
