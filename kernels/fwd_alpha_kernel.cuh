@@ -10,8 +10,11 @@ namespace fwd {
 
 // alpha(e, h) = exp(s_eh - lse_row) (times the dropout factor when the
 // weights are returned after dropout, GAT's convention), written to row
-// perm[e] (the user's edge order; identity without perm). A thread per edge.
-template <typename T, typename I>
+// perm[e] (the user's edge order; identity without perm). A thread per edge,
+// its heads VH at a time (VH = 4 where H % 4 == 0: the scores, lse and alpha
+// rows are this op's allocations, so 4-aligned rows are vector-aligned):
+// one store per vector instead of a warp of 4-byte stores per head.
+template <typename T, typename I, int VH>
 __global__ void __launch_bounds__(kThreads)
     alpha_kernel(const int64_t* __restrict__ rowptr, int64_t n_dst,
                  const float* __restrict__ scores,
@@ -24,10 +27,15 @@ __global__ void __launch_bounds__(kThreads)
   drop.begin(seed, offset);
   const int64_t r = find_row(rowptr, n_dst, e);
   const int64_t dst = perm != nullptr ? (int64_t)perm[e] : e;
-  for (int h = 0; h < H; ++h)
-    alpha[dst * H + h] = from_float<T>(
-        expf(scores[e * H + h] - lse[r * H + h]) *
-        drop.factor(seed, offset, e, h));
+  for (int h = 0; h < H; h += VH) {
+    float s[VH], l[VH], a[VH];
+    load_vec<float, VH>(scores + e * H + h, s);
+    load_vec<float, VH>(lse + r * H + h, l);
+#pragma unroll
+    for (int i = 0; i < VH; ++i)
+      a[i] = expf(s[i] - l[i]) * drop.factor(seed, offset, e, h + i);
+    store_vec<T, VH>(alpha + dst * H + h, a);
+  }
 }
 
 }  // namespace fwd

@@ -102,15 +102,20 @@ void run_alpha(const Launch& L, const at::Tensor& scores) {
   const auto perm_type = L.alpha_perm.defined() ? L.alpha_perm.scalar_type()
                                                 : at::kLong;
   PYG_DFGNN_DISPATCH_INDEX(perm_type, "fused_attention_fwd", [&] {
-    alpha_kernel<scalar_t, index_t>
-        <<<(unsigned)((L.n_edges + kThreads - 1) / kThreads), kThreads, 0,
-           c10::cuda::getCurrentCUDAStream()>>>(
-            L.rowptr.data_ptr<int64_t>(), L.n_dst, scores.data_ptr<float>(),
-            L.lse.data_ptr<float>(),
-            L.alpha_perm.defined() ? L.alpha_perm.data_ptr<index_t>()
-                                   : nullptr,
-            drop, L.alpha.data_ptr<scalar_t>(), L.n_edges, (int)L.H);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    auto launch = [&](auto kernel) {
+      kernel<<<(unsigned)((L.n_edges + kThreads - 1) / kThreads), kThreads,
+               0, c10::cuda::getCurrentCUDAStream()>>>(
+          L.rowptr.data_ptr<int64_t>(), L.n_dst, scores.data_ptr<float>(),
+          L.lse.data_ptr<float>(),
+          L.alpha_perm.defined() ? L.alpha_perm.data_ptr<index_t>()
+                                 : nullptr,
+          drop, L.alpha.data_ptr<scalar_t>(), L.n_edges, (int)L.H);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    };
+    if (L.H % 4 == 0)
+      launch(alpha_kernel<scalar_t, index_t, 4>);
+    else
+      launch(alpha_kernel<scalar_t, index_t, 1>);
   });
 }
 
