@@ -41,6 +41,10 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
     if (r_begin + r >= r_end) break;
     const Unit un = unit_of(a, r_begin + r);
     const int64_t row = un.owner, elo = un.elo, ehi = un.ehi;
+    // A one-edge row's softmax is exactly 1: its backward score may differ
+    // from the forward's by an ulp (PMF / gatv2 sum in other orders), and
+    // p = 1 - 1e-7 left dQ and dK rounding noise where they are 0.
+    const bool one_edge = un.slot < 0 && ehi - elo == 1;
     float* part = un.slot >= 0 ? a.part + un.slot * (2 * HD_k + H) : nullptr;
     for (int i = lane; i < HD_k; i += kWarpSize)
       w.own[i] = to_float(a.own_a[row * HD_k + i]);
@@ -130,7 +134,7 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
                 sc = leaky_relu(z, a.slope);
                 gz = leaky_relu_grad(z, a.slope);
               }
-              const float p = expf(sc - lse_h[h]);
+              const float p = one_edge ? 1.f : expf(sc - lse_h[h]);
               // out_i = sum_j f p_ij (v_j + ev_ij): dL/dp_ij = f dp_ij
               // (+ the returned weights' own gradient)
               const float f =

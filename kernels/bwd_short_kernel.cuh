@@ -15,8 +15,8 @@
 // edge score in the score and its gradient (d es = ds, the cols pass),
 // dropout (the forward's Philox mask, regenerated), the returned weights'
 // gradient in dp. Scores are formed as the short-row forward forms them
-// (head_dot: same products, same shuffles), so a one-edge row's p is
-// exactly 1 and its dQ exactly 0 when the forward took that kernel too.
+// (head_dot: same products, same shuffles); a one-edge row's p is taken as
+// exactly 1 (its dQ exactly 0) whichever forward formed lse.
 #pragma once
 
 #include "bwd_common.cuh"
@@ -57,6 +57,7 @@ __global__ void __launch_bounds__(kShortThreads,
   }
   const int64_t elo = o.has ? a.ptr[row] : 0;
   const int64_t ehi = o.has ? a.ptr[row + 1] : 0;
+  const bool one_edge = ehi - elo == 1;
   // steps of two edges: the longest of the warp's rows (warp-uniform, the
   // shuffles need every lane)
   const unsigned steps =
@@ -126,7 +127,8 @@ __global__ void __launch_bounds__(kShortThreads,
       if (u == 1 && !two) break;
       // out_i = sum_j f p_ij v_j: dL/dp_ij = f dp_ij (+ the returned
       // weights' own gradient)
-      const float p = expf(s[u] - lse);
+      // (a one-edge row: exactly 1, whichever forward formed lse)
+      const float p = one_edge ? 1.f : expf(s[u] - lse);
       const float f = fu[u];
       float dpe = f * dp[u];
       if (galpha != nullptr) {
