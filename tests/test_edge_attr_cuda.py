@@ -61,8 +61,8 @@ def test_dots_and_sums_match_reference(fill, kind, dtype, shared):
 # Rows in vectors, every width: per-node matrices in the lane-group kernel
 # (H <= 8; D_e 4 .. 128: 1 .. 32 lanes per edge, idle lanes at D_e 12, 36;
 # H = 16 stays on the row kernel), a shared one in the edge-parallel
-# kernels (d x / d M: 4 .. 32 lanes per edge over D_e, idle lanes at D_e
-# 12, 36; several column blocks per edge at D_e 300, 256).
+# kernels (D_e 4 .. 300: 1 .. 75 column vectors per tile row; a d x / d M
+# tile of 16 / 13 edges at D_e 256 / 300).
 @pytest.mark.parametrize('heads,dim', [(1, 4), (2, 8), (3, 12), (4, 16),
                                        (8, 16), (5, 36), (4, 128), (8, 64),
                                        (16, 8), (1, 300), (2, 256)])
