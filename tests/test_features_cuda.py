@@ -94,6 +94,23 @@ def grads_of(loss, tensors):
             for k, g in zip(names, gs)}
 
 
+def assert_grads_close(got, ref, dtype):
+    """Every gradient in ``got`` against the float64 reference's."""
+    for name, g in got.items():
+        err = rel_err(g, ref[name])
+        assert err <= TOL_GRAD[dtype], f'{name}: rel. err {err:.2e}'
+
+
+def cuda_kernels(fn):
+    """``(fn(), the CUDA kernels it ran)``: names up to their argument
+    lists (the template arguments say which instantiation ran)."""
+    with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        result = fn()
+        torch.cuda.synchronize()
+    return result, [e.name.split('(')[0] for e in prof.events()]
+
+
 def check_case(cuda, graph, kind, t, strategy, dtype, dropout=0.0,
                dropped=True, gen=None):
     """Fused out / alpha / all gradients vs float64 reference; returns the
@@ -123,8 +140,7 @@ def check_case(cuda, graph, kind, t, strategy, dtype, dropout=0.0,
         ref_alpha * g_alpha.index_select(0, perm).double()).sum(), t64)
     for name, g in got.items():
         assert torch.isfinite(g).all(), name
-        err = rel_err(g, ref[name])
-        assert err <= TOL_GRAD[dtype], f'{name}: rel. err {err:.2e}'
+    assert_grads_close(got, ref, dtype)
     return mask
 
 
@@ -279,20 +295,21 @@ def check_edge_conv_level(conv, kind, level, seed, attention=None,
     ei = torch.stack([src, dst]).cuda()
     x = torch.randn(n, 16, device='cuda', requires_grad=True)
     ea = torch.randn(ei.size(1), 4, device='cuda', requires_grad=True)
-    with torch.profiler.profile(
-            activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        out = conv(x, ei, ea, return_attention_weights=attention and True)
+
+    def step():
+        out = conv(x, ei, ea,
+                   return_attention_weights=True if attention else None)
         loss = (out[0] if attention else out).sum()
         if attention == 'loss':
             loss = loss + out[1][1].square().sum()
         loss.backward()
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events()]
+
+    _, names = cuda_kernels(step)
     fwd = [m for m in names if f'smmf_fwd_kernel<float, {kind},' in m]
     bwd = [m for m in names if f'bwd::bwd_kernel<float, int, {kind},' in m]
-    assert fwd and all(m.split('(')[0].endswith(f', {level}>') for m in fwd)
+    assert fwd and all(m.endswith(f', {level}>') for m in fwd)
     assert len(bwd) == 2 and all(
-        f', {bwd_level}, false>' in m.split('(')[0] for m in bwd), bwd
+        f', {bwd_level}, false>' in m for m in bwd), bwd
 
 
 @pytest.mark.parametrize('dropout,attention,level,bwd_level', [
@@ -364,22 +381,20 @@ def test_short_owner_kernels_dropout_only(kind, dtype, graph_kind,
     mask = alpha != 0
     torch.manual_seed(7)
     poison_allocator()
-    with torch.profiler.profile(
-            activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+
+    def step():
         out = fused(cuda, graph, kind, t, 'smmf', 0.4)  # (no weights)
         g_out = torch.randn(out.shape, generator=gen).to(out)
-        got = grads_of((out * g_out).sum(), t)
-        torch.cuda.synchronize()
-    names = [e.name.split('(')[0] for e in prof.events()]
+        return out, g_out, grads_of((out * g_out).sum(), t)
+
+    (out, g_out, got), names = cuda_kernels(step)
     ran = [m for m in names if any(k in m for k in SHORT_KERNELS)]
     if graph.num_edges > 0:
         assert len(ran) == 3 and all(m.endswith(', 4>') for m in ran), ran
     ref_out, _, t64 = reference(graph, kind, t, 0.4, mask)
     assert rel_err(out, ref_out) <= TOL_OUT[dtype]
-    ref = grads_of((ref_out * g_out.double()).sum(), t64)
-    for name, g in got.items():
-        err = rel_err(g, ref[name])
-        assert err <= TOL_GRAD[dtype], f'{name}: rel. err {err:.2e}'
+    assert_grads_close(got, grads_of((ref_out * g_out.double()).sum(), t64),
+                       dtype)
     # the block kernels (at the all level) draw the same mask
     monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', '0')
     torch.manual_seed(7)
@@ -403,11 +418,10 @@ def test_short_owner_kernels_with_features(kind, dtype, dropout, graph_kind,
         graph_kind)
     monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', '1')
     torch.manual_seed(5)
-    with torch.profiler.profile(
-            activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        check_case(cuda, graph, kind, t, 'smmf', dtype, dropout, gen=gen)
-        torch.cuda.synchronize()
-    ran = {k for e in prof.events() for k in SHORT_KERNELS if k in e.name}
+    _, names = cuda_kernels(
+        lambda: check_case(cuda, graph, kind, t, 'smmf', dtype, dropout,
+                           gen=gen))
+    ran = {k for m in names for k in SHORT_KERNELS if k in m}
     if graph.num_edges > 0:
         assert ran == set(SHORT_KERNELS), ran
     if dropout > 0:  # the same mask as the block kernels draw
@@ -438,8 +452,8 @@ def test_weights_gradient_only_when_used(kind, dtype, use_weights,
     monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', '1')
     perm = torch.randperm(graph.num_edges, generator=gen).cuda()
     poison_allocator()
-    with torch.profiler.profile(
-            activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+
+    def step():
         out, alpha = fused(cuda, graph, kind, t, 'smmf', 0.0,
                            'before_dropout', perm)
         g_out = torch.randn(out.shape, generator=gen).to(out)
@@ -447,9 +461,9 @@ def test_weights_gradient_only_when_used(kind, dtype, use_weights,
         loss = (out * g_out).sum()
         if use_weights:
             loss = loss + (alpha * g_alpha).sum()
-        got = grads_of(loss, t)
-        torch.cuda.synchronize()
-    names = [e.name.split('(')[0] for e in prof.events()]
+        return g_out, g_alpha, grads_of(loss, t)
+
+    (g_out, g_alpha, got), names = cuda_kernels(step)
     bwd = [m for m in names
            if 'short_rows_bwd' in m or 'short_cols_bwd' in m]
     assert len(bwd) == 2, names
@@ -460,7 +474,4 @@ def test_weights_gradient_only_when_used(kind, dtype, use_weights,
     if use_weights:  # (alpha in the user's order: CSR edge e at perm[e])
         ref_loss = ref_loss + (
             ref_alpha * g_alpha.index_select(0, perm).double()).sum()
-    ref = grads_of(ref_loss, t64)
-    for name, g in got.items():
-        err = rel_err(g, ref[name])
-        assert err <= TOL_GRAD[dtype], f'{name}: rel. err {err:.2e}'
+    assert_grads_close(got, grads_of(ref_loss, t64), dtype)

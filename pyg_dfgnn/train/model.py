@@ -35,9 +35,9 @@ H100, pattern-gps, captured step, attention dropout 0.5 (benchmarks/NOTES.md
 "Session 17"): our op (the short-owner kernels, D = 16 heads) 213 us per
 layer forward + backward against the padded memory-efficient kernel's 198
 plus its padding, 2.45 against 2.59 s per epoch. (Session 10, before the
-short-owner kernels: our op 5x slower.) Device-loader batches also carry the dense layout
-(``dense_index``, ``max_num_nodes``) and the graph bounds, so every path
-runs without host syncs.
+short-owner kernels: our op 5x slower.) Device-loader batches also carry
+the dense layout (``dense_index``, ``max_num_nodes``) and the graph
+bounds, so every path runs without host syncs.
 
 Batches padded for a captured step carry ``node_mask``: batch norms
 (:class:`MaskedBatchNorm1d`) take their statistics from the real nodes only.
@@ -263,13 +263,12 @@ def global_attn_impl(impl: str, backend: str, device: Any,
       through it fails;
     * with attention ``dropout`` in effect (training): ``'fused'`` (our
       kernels draw the mask and regenerate it in the backward). The
-      varlen kernel's
-      backward under ``cu_seqlens`` regenerates another dropout mask than
-      its forward used (scripts/varlen_dropout_check.py, H100, torch 2.11:
-      directional derivative 2.22 vs -4.45 by central differences at p =
-      0.5, exact at p = 0 and on the padded path), and a 30-epoch
-      pattern-gps run through it degraded from epoch 5 on (train loss
-      0.31 -> 0.46) while the padded one trained to 86.4."""
+      varlen kernel's backward under ``cu_seqlens`` regenerates another
+      dropout mask than its forward used (scripts/varlen_dropout_check.py,
+      H100, torch 2.11: directional derivative 2.22 vs -4.45 by central
+      differences at p = 0.5, exact at p = 0 and on the padded path), and
+      a 30-epoch pattern-gps run through it degraded from epoch 5 on
+      (train loss 0.31 -> 0.46) while the padded one trained to 86.4."""
     cuda = torch.device(device).type == 'cuda'
     if backend != 'dfgnn':
         return 'padded'

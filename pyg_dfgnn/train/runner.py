@@ -469,8 +469,8 @@ def make_loaders(cfg: Config, bundle, device: torch.device, model,
     # (raises here, before any epoch, for an impl the device cannot run)
     compiling = canonical_value('train.capture', cfg.train.capture) == \
         'compile'
-    impl = global_attn_impl(cfg.gt.attn_impl, cfg.backend, device,
-                            compiling=compiling)
+    global_attn_impl(cfg.gt.attn_impl, cfg.backend, device,
+                     compiling=compiling)
     size = cfg.train.batch_size
     if cfg.train.loader == 'pyg':
         from torch_geometric.loader import DataLoader
@@ -492,18 +492,20 @@ def make_loaders(cfg: Config, bundle, device: torch.device, model,
     kw: Dict[str, Any] = dict(
         dfgraph=model.local_takes_dfgraph and stores['train'].sorted,
         windows_per_graph=pieces)
-    # training resolves 'auto' with its attention dropout ('fused' on CUDA:
-    # the batches carry the attention graph), evaluation without
-    train_impl = global_attn_impl(cfg.gt.attn_impl, cfg.backend, device,
-                                  compiling=compiling,
-                                  dropout=cfg.gt.attn_dropout)
+    # Batches carry the attention graph where the global attention runs
+    # 'fused': training resolves 'auto' with its attention dropout ('fused'
+    # on CUDA), evaluation without.
+    def attention(dropout: float) -> bool:
+        return glob == 'Transformer' and global_attn_impl(
+            cfg.gt.attn_impl, cfg.backend, device, compiling=compiling,
+            dropout=dropout) == 'fused'
+
     train_loader = DeviceLoader(
         stores['train'], size, shuffle=True, generator=order, pad=pad,
         num_slots=size if pad else None,
-        attention=glob == 'Transformer' and train_impl == 'fused', **kw)
+        attention=attention(cfg.gt.attn_dropout), **kw)
     return train_loader, {split: DeviceLoader(
-        stores[split], size,
-        attention=glob == 'Transformer' and impl == 'fused', **kw)
+        stores[split], size, attention=attention(0.0), **kw)
         for split in ('val', 'test')}
 
 
