@@ -190,3 +190,140 @@ def test_convs_with_raw_edge_attributes_match_pyg(pyg_name, our_name,
     for a, b in zip(g2, g1):
         assert (a - b).norm().item() <= 5 * tol * max(b.norm().item(),
                                                       1e-3 * scale)
+
+
+# GAT's edge term whose gradients the short cols pass forms itself
+# (kernels/bwd_short_edge_attr.cuh): against the unfused backward (d es out
+# of the cols pass, then the edge_attr_rows kernels; EdgeAttrScore.
+# fused_backward off), which the tests above hold to the reference. Shapes:
+# (heads, channels, edge_dim, dtype) -> lanes per column and per head
+# (32 / 4, 2 / 1, 8 / 2, 16 / 4) and d M vectors per lane; (1, 16, 12) and
+# (2, 8, 5) do not fit (d x columns per lane, D_e % 4) and take the unfused
+# kernels inside the backward. PYG_DFGNN_SHORT_ROWS '0' (block passes)
+# takes them too.
+EA_SHAPES = [(8, 16, 16, torch.float32), (2, 4, 4, torch.float32),
+             (3, 8, 8, torch.float32), (4, 32, 16, torch.bfloat16),
+             (2, 16, 32, torch.float32), (1, 16, 12, torch.float32),
+             (2, 8, 5, torch.float32)]
+
+
+def ea_fits(heads, channels, dim, dtype):
+    """bwd_short_edge_attr.cuh's short_edge_attr_fits for the conv."""
+    vw = 16 // torch.tensor([], dtype=dtype).element_size()
+    lanes = 1
+    while lanes * vw < heads * channels:
+        lanes *= 2
+    g = channels // vw
+    return (dim % 4 == 0 and lanes >= 2 and
+            -(-(dim // 4) // g) <= 2 and -(-dim // (lanes // 2)) <= 4)
+
+
+def gat_edge_step(conv, x, ei, edge_attr, attention, seed):
+    torch.manual_seed(seed)
+    out = conv(x, ei, edge_attr,
+               return_attention_weights=True if attention else None)
+    loss = (out[0] if attention else out).float().square().sum()
+    if attention == 'loss':
+        loss = loss + out[1][1].float().square().sum()
+    grads = torch.autograd.grad(loss, [x, edge_attr] +
+                                list(conv.parameters()))
+    return (out[0] if attention else out), grads
+
+
+@pytest.mark.parametrize('heads,channels,dim,dtype', EA_SHAPES)
+@pytest.mark.parametrize('fill', ['mean', 'add', None])
+@pytest.mark.parametrize('mode', ['1', '0'])
+@pytest.mark.parametrize('dropout,attention', [(0.0, None), (0.3, None),
+                                               (0.0, 'loss')])
+def test_gat_edge_attr_gradients_in_the_cols_pass(heads, channels, dim,
+                                                  dtype, fill, mode, dropout,
+                                                  attention, monkeypatch):
+    _kernels()
+    monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', mode)
+    check_gat_edge_attr(heads, channels, dim, dtype, fill, dropout,
+                        attention, profile=True)
+
+
+def check_gat_edge_attr(heads, channels, dim, dtype, fill, dropout,
+                        attention, profile):
+    """A GAT step with edge attributes, the fused backward against the
+    unfused one (and, with ``profile``, which of them ran; off under the
+    sanitizer). PYG_DFGNN_SHORT_ROWS is the caller's."""
+    import os
+
+    from pyg_dfgnn.nn import DFGATConv
+    from pyg_dfgnn.ops.edge_attr import EdgeAttrScore
+    from test_features_cuda import cuda_kernels
+    clear_graph_cache()
+    mode = os.environ.get('PYG_DFGNN_SHORT_ROWS', '')
+    seed = zlib.crc32(f'ea{heads}{channels}{dim}{dtype}{fill}{mode}'
+                      f'{dropout}{attention}'.encode())
+    gen = torch.Generator().manual_seed(seed)
+    n = 300  # graphs of 20 nodes, in-degree 4, an input loop, an empty row
+    dst = torch.arange(n).repeat_interleave(4)
+    src = dst - dst % 20 + torch.randint(0, 20, (n * 4, ), generator=gen)
+    ei = torch.stack([src, dst])
+    ei = ei[:, ei[1] != 5]
+    ei[:, 0] = 3
+    ei = ei.cuda()
+    torch.manual_seed(seed)
+    conv = DFGATConv(12, channels, heads=heads, edge_dim=dim,
+                     dropout=dropout, add_self_loops=fill is not None,
+                     fill_value=fill or 'mean').cuda().to(dtype)
+    x = torch.randn(n, 12, generator=gen).to('cuda', dtype)
+    x.requires_grad_()
+    edge_attr = torch.randn(ei.size(1), dim, generator=gen).to('cuda', dtype)
+    edge_attr.requires_grad_()
+    poison_allocator()
+
+    def step():
+        return gat_edge_step(conv, x, ei, edge_attr, attention, seed)
+
+    if profile:
+        (out, got), names = cuda_kernels(step)
+        fused = mode == '1' and ea_fits(heads, channels, dim, dtype)
+        assert any('short_cols_edge_attr_kernel' in m
+                   for m in names) == fused
+        assert any('shared_grad_kernel' in m for m in names) != fused
+    else:
+        out, got = step()
+    fused_backward = EdgeAttrScore.fused_backward
+    EdgeAttrScore.fused_backward = lambda self: False
+    try:
+        out_ref, want = step()
+    finally:
+        EdgeAttrScore.fused_backward = fused_backward
+    assert torch.equal(out, out_ref)  # (the same forward, the same mask)
+    names = ['x', 'edge_attr'] + [k for k, _ in conv.named_parameters()]
+    for name, a, b in zip(names, got, want):
+        assert torch.isfinite(a).all(), name
+        assert rel_err(a, b, floor=1e-3) <= 2 * TOL[dtype], name
+    if fill is not None:  # the removed input self-loop reads no row
+        assert bool((got[1][0] == 0).all())
+
+
+def test_gat_edge_attr_fused_backward_matches_pyg():
+    """The main shape of the fused path (8 x 16 heads, edge_dim 16, 'mean'
+    loops) against PyG's GATConv with the same weights."""
+    _kernels()
+    import torch_geometric.nn as pyg_nn
+
+    from pyg_dfgnn.nn import DFGATConv
+    torch.manual_seed(1)
+    n = 400
+    ei = torch.randint(0, n, (2, 3200), device='cuda')
+    x = torch.randn(n, 24, device='cuda')
+    edge_attr = torch.randn(ei.size(1), 16, device='cuda',
+                            requires_grad=True)
+    ref = pyg_nn.GATConv(24, 16, heads=8, edge_dim=16).cuda()
+    ours = DFGATConv(24, 16, heads=8, edge_dim=16).cuda()
+    ours.load_state_dict(ref.state_dict())
+    outs = []
+    for conv in (ref, ours):
+        out = conv(x, ei, edge_attr)
+        outs.append((out, torch.autograd.grad(
+            out.square().sum(), [edge_attr] + list(conv.parameters()))))
+    (o1, g1), (o2, g2) = outs
+    assert rel_err(o2, o1) <= 2e-5
+    for a, b in zip(g2, g1):
+        assert rel_err(a, b, floor=1e-3) <= 2e-5
