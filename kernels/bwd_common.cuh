@@ -137,12 +137,11 @@ template <typename T>
 struct EdgeAttrGrad {
   const T* __restrict__ x;            // [n_in, De]
   const T* __restrict__ m;            // [H, De]
-  const int64_t* __restrict__ index;  // CSR edge -> row of x (>= n_in: the
-                                      // row's loop); nullptr: identity
+  const int32_t* __restrict__ x_row;  // CSC entry -> row of x (-1: the
+                                      // row's loop; x_row_kernel)
   const float* __restrict__ loop_ds;  // [N_dst, H] (nullptr: no loops)
   T* __restrict__ dx;                 // [n_in, De] (nullptr: not wanted)
   float* __restrict__ dm_part;        // [blocks, H * De]
-  int64_t n_in;
   int De;
 };
 

@@ -212,15 +212,23 @@ void launch_short_edge_attr(BwdArgs<T, I> c, Args& A, int lanes,
   c.g_es = nullptr;
   c.ea.x = A.edge_attr.data_ptr<T>();
   c.ea.m = A.edge_attr_mat.data_ptr<T>();
-  c.ea.index = A.edge_attr_index.defined()
-                   ? A.edge_attr_index.data_ptr<int64_t>()
-                   : nullptr;
+  const int64_t E = A.col.numel();
+  at::Tensor x_row = at::empty({E}, A.col.options().dtype(at::kInt));
+  if (E > 0) {
+    x_row_kernel<I><<<(unsigned)((E + 255) / 256), 256, 0,
+                   c10::cuda::getCurrentCUDAStream()>>>(
+        A.edge_attr_index.defined() ? A.edge_attr_index.data_ptr<int64_t>()
+                                    : nullptr,
+        A.csc_perm.data_ptr<I>(), E, A.edge_attr.size(0),
+        x_row.data_ptr<int32_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  c.ea.x_row = x_row.data_ptr<int32_t>();
   c.ea.loop_ds = loop_ds.defined() ? loop_ds.data_ptr<float>() : nullptr;
   c.ea.dx = A.edge_attr_grad && A.grad_edge_attr.numel() > 0
                 ? A.grad_edge_attr.data_ptr<T>()
                 : nullptr;
   c.ea.dm_part = part.data_ptr<float>();
-  c.ea.n_in = A.edge_attr.size(0);
   c.ea.De = De;
   if (blocks > 0) {
     short_cols_edge_attr_kernel<T, I, VW, FEAT>

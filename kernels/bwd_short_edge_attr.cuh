@@ -39,6 +39,24 @@ inline bool short_edge_attr_fits(int64_t H, int64_t De, int lanes, int G,
   return chunks <= kEaMaxChunks && outs <= kEaMaxOuts;
 }
 
+// Per CSC entry: the row of x its CSR edge reads, -1 for a row's loop
+// (index[p] >= n_in), in int32 (the host checks n_in). Formed once per
+// backward so that the cols pass reads it with its other per-entry indices:
+// perm -> index -> x was one dependent load more per step of a
+// latency-bound walk (session 18: 1.81 ms against 0.58 without the edge
+// attributes).
+template <typename I>
+__global__ void __launch_bounds__(256)
+    x_row_kernel(const int64_t* __restrict__ index,
+                 const I* __restrict__ perm, int64_t n_edges,
+                 int64_t n_in, int32_t* __restrict__ out) {
+  const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (e >= n_edges) return;
+  const int64_t p = (int64_t)perm[e];
+  const int64_t r = index != nullptr ? index[p] : p;
+  out[e] = r < n_in ? (int32_t)r : -1;
+}
+
 // Per row i with a self-loop L: the loop's d es (from the rows pass's
 // ebuf and D_i, as the cols pass forms it) times the share each of the
 // row's other edges takes (1 / count for 'mean', 1 for 'sum'); 0 without a
@@ -114,14 +132,8 @@ __global__ void __launch_bounds__(kShortThreads)
     const I i0 = one ? a.idx[e] : 0, i1 = two ? a.idx[e + 1] : i0;
     const I c0 = one ? a.perm[e] : 0, c1 = two ? a.perm[e + 1] : c0;
     // the edges' rows of x (-1: no edge, or the row's loop)
-    int64_t r[2] = {-1, -1};
-    if (one) {
-      r[0] = ea.index != nullptr ? ea.index[c0] : (int64_t)c0;
-      if (two) r[1] = ea.index != nullptr ? ea.index[c1] : (int64_t)c1;
-#pragma unroll
-      for (int u = 0; u < 2; ++u)
-        if (r[u] >= ea.n_in) r[u] = -1;
-    }
+    const int64_t r[2] = {one ? (int64_t)ea.x_row[e] : -1,
+                          two ? (int64_t)ea.x_row[e + 1] : -1};
     float ds[2] = {0.f, 0.f};
     if (o.on && one) {
       const float2 pt[2] = {ebuf_lane[(int64_t)c0 * H],

@@ -5,6 +5,8 @@
 // units that compile in parallel); here only run_bwd<T>'s kind dispatch.
 #include <c10/cuda/CUDAGuard.h>
 
+#include <limits>
+
 #include "bwd_launch_template.cuh"
 #include "ops.h"
 
@@ -205,6 +207,9 @@ fused_attention_bwd_cuda(
                 "fused_attention_bwd: 'edge_attr' must be [E_in, De] in "
                 "value's dtype");
     const int64_t De = ea_x.size(1);
+    TORCH_CHECK(ea_x.size(0) <= std::numeric_limits<int32_t>::max(),
+                "fused_attention_bwd: 'edge_attr' takes at most 2^31 - 1 "
+                "rows");
     TORCH_CHECK(H <= kEdgeRowsMaxHeads && H * De <= kEdgeRowsMaxHD,
                 "fused_attention_bwd: edge attributes take at most ",
                 kEdgeRowsMaxHeads, " heads and H * De <= ", kEdgeRowsMaxHD);

@@ -25,7 +25,7 @@ CPU path (and the oracle of the tests) forms :math:`\mathbf{x}_p` with
 PyTorch ops.
 """
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from torch import Tensor
@@ -284,7 +284,12 @@ class EdgeAttrScore:
     def shape(self) -> torch.Size:
         return torch.Size((self.emap.num_edges, self.mat.size(0)))
 
-    def to(self, dtype: torch.dtype) -> 'EdgeAttrScore':
+    def to(self, dtype: torch.dtype) -> Union['EdgeAttrScore', Tensor]:
+        """In ``dtype`` (autocast's): the factors cast where the fused
+        backward takes them, else the term formed in their dtype and cast
+        (a 'const' fill row keeps its dtype)."""
+        if not self.fused_backward():
+            return self.materialize().to(dtype)
         return EdgeAttrScore(self.emap, self.edge_attr.to(dtype),
                              self.mat.to(dtype))
 
