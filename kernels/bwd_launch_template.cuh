@@ -195,7 +195,9 @@ void launch_short_edge_attr(BwdArgs<T, I> c, Args& A, int lanes,
   const int64_t n_dst = A.rowptr.size(0) - 1;
   const int H = c.H, De = (int)A.edge_attr.size(1);
   at::Tensor loop_ds;
-  if (A.edge_attr_fill == 1 || A.edge_attr_fill == 2) {
+  if (A.edge_attr_fill != 1 && A.edge_attr_fill != 2) {
+    loop_ds = at::zeros({n_dst, H}, fopt);  // (read unconditionally)
+  } else {
     loop_ds = at::empty({n_dst, H}, fopt);
     const int64_t n = n_dst * H;
     if (n > 0) {
@@ -224,16 +226,24 @@ void launch_short_edge_attr(BwdArgs<T, I> c, Args& A, int lanes,
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   c.ea.x_row = x_row.data_ptr<int32_t>();
-  c.ea.loop_ds = loop_ds.defined() ? loop_ds.data_ptr<float>() : nullptr;
+  c.ea.loop_ds = loop_ds.data_ptr<float>();
   c.ea.dx = A.edge_attr_grad && A.grad_edge_attr.numel() > 0
                 ? A.grad_edge_attr.data_ptr<T>()
                 : nullptr;
   c.ea.dm_part = part.data_ptr<float>();
   c.ea.De = De;
   if (blocks > 0) {
-    short_cols_edge_attr_kernel<T, I, VW, FEAT>
-        <<<(unsigned)blocks, kShortThreads, 0,
-           c10::cuda::getCurrentCUDAStream()>>>(c, lanes);
+    // (the heads' ds of an edge in registers: arrays of 8 or 16)
+    // EXPERIMENT (session 18): PYG_DFGNN_EA_BLOCKS 3 / 4
+    const char* env = std::getenv("PYG_DFGNN_EA_BLOCKS");
+    const bool three = env != nullptr && env[0] == '3';
+    auto kernel =
+        H <= 8 ? (three ? short_cols_edge_attr_kernel<T, I, VW, FEAT, 8, 3>
+                        : short_cols_edge_attr_kernel<T, I, VW, FEAT, 8, 4>)
+               : (three ? short_cols_edge_attr_kernel<T, I, VW, FEAT, 16, 3>
+                        : short_cols_edge_attr_kernel<T, I, VW, FEAT, 16, 4>);
+    kernel<<<(unsigned)blocks, kShortThreads, 0,
+             c10::cuda::getCurrentCUDAStream()>>>(c, lanes);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     A.grad_edge_attr_mat.copy_(part.sum(0).view({H, De}));
   } else {

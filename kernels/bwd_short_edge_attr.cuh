@@ -24,6 +24,7 @@ namespace bwd {
 constexpr int kEaXW = 4;         // x elements per d M vector (De % 4 == 0)
 constexpr int kEaMaxChunks = 2;  // d M vectors per lane
 constexpr int kEaMaxOuts = 4;    // d x columns per lane per step
+constexpr int kEaMaxHeads = 16;  // (kEdgeRowsMaxHeads)
 
 // Host: whether the fused cols pass takes edge attributes of De columns
 // (`aligned`: x's rows start on kEaXW-element boundaries) with `lanes` lanes
@@ -32,7 +33,7 @@ constexpr int kEaMaxOuts = 4;    // d x columns per lane per step
 inline bool short_edge_attr_fits(int64_t H, int64_t De, int lanes, int G,
                                  bool aligned) {
   if (De < 1 || De % kEaXW != 0 || !aligned || lanes < 2 ||
-      H * De > kEdgeRowsMaxHD)
+      H > kEaMaxHeads || H * De > kEdgeRowsMaxHD)
     return false;
   const int64_t chunks = (De / kEaXW + G - 1) / G;
   const int64_t outs = (De + lanes / 2 - 1) / (lanes / 2);
@@ -90,8 +91,9 @@ __global__ void __launch_bounds__(256)
 // The short cols pass of 'add' (shapes: short_rows.cuh; kernel contract:
 // short_cols_bwd_kernel's) with the edge attributes' gradients instead of
 // d es. Every lane walks the warp's longest owner (the shuffles need all).
-template <typename T, typename I, int VW, int FEAT>
-__global__ void __launch_bounds__(kShortThreads)
+// (MINB: blocks per SM it is held to; 75 registers at MAXH 8 left 3)
+template <typename T, typename I, int VW, int FEAT, int MAXH, int MINB>
+__global__ void __launch_bounds__(kShortThreads, MINB)
     short_cols_edge_attr_kernel(BwdArgs<T, I> a, int lanes) {
   static_assert(kHasScore<FEAT>, "edge attributes: an edge-score level");
   constexpr int kWarps = kShortThreads / kWarpSize;
@@ -108,8 +110,14 @@ __global__ void __launch_bounds__(kShortThreads)
   const int G = o.G, g = li % G;
   const bool holds = li * VW < HF;  // this lane has a head (owner or not)
   const int h = holds ? li / G : 0;
-  // d x layout: edge u_dx of the step, columns d0 + k half
+  // d x layout: edge u_dx of the step, columns d0 + k half (M's column d0
+  // in registers)
   const int half = lanes / 2, u_dx = li / half, d0 = li % half;
+  const int outs = (De + half - 1) / half;
+  float m_col[MAXH];
+#pragma unroll
+  for (int hh = 0; hh < MAXH; ++hh)
+    m_col[hh] = hh < H && d0 < De ? s_m[hh * De + d0] : 0.f;
   const int64_t col = o.owner;
   const int64_t elo = o.has ? a.ptr[col] : 0;
   const int64_t ehi = o.has ? a.ptr[col + 1] : 0;
@@ -136,75 +144,101 @@ __global__ void __launch_bounds__(kShortThreads)
                           two ? (int64_t)ea.x_row[e + 1] : -1};
     float ds[2] = {0.f, 0.f};
     if (o.on && one) {
+      // every load of the step issued before any is used, no branch among
+      // them (the walk is latency-bound; the compiler sank a second edge's
+      // loads behind its `two` test): ebuf, D, the loop's handed d es, dO,
+      // x's first vector of this lane's head (columns g kEaXW ..); a
+      // missing second edge reads the first's and adds nothing
       const float2 pt[2] = {ebuf_lane[(int64_t)c0 * H],
                             ebuf_lane[(int64_t)c1 * H]};
       const float d[2] = {drow_lane[(int64_t)i0 * H],
                           drow_lane[(int64_t)i1 * H]};
-      float ox[2][VW];
+      const float hand[2] = {ea.loop_ds[(int64_t)i0 * H + h],
+                             ea.loop_ds[(int64_t)i1 * H + h]};
+      float ox[2][VW], xv[2][kEaXW];
       load_vec<T, VW>(o_lane + (int64_t)i0 * HF, ox[0]);
       load_vec<T, VW>(o_lane + (int64_t)i1 * HF, ox[1]);
+      const int c = g * kEaXW;
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
-        if (u == 1 && !two) break;
+#pragma unroll
+        for (int i = 0; i < kEaXW; ++i) xv[u][i] = 0.f;
+        if (r[u] >= 0 && c < De)
+          load_vec<T, kEaXW>(ea.x + r[u] * De + c, xv[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const bool here = u == 0 || two;
         const ItemP ip = unpack_item_p<kAdd>(pt[u].x);
         float dz = pt[u].y - ip.p * d[u];
-        const float pv = !kHasDropout<FEAT> ? ip.p
-                         : ip.dropped      ? 0.f
-                                           : ip.p * keep_scale;
+        float pv = !kHasDropout<FEAT> ? ip.p
+                   : ip.dropped      ? 0.f
+                                     : ip.p * keep_scale;
+        pv = here ? pv : 0.f;
 #pragma unroll
         for (int i = 0; i < VW; ++i) gv[i] = fmaf(pv, ox[u][i], gv[i]);
-        if (ip.negative) dz *= a.slope;  // leaky'(z), as the rows pass saw z
+        dz = ip.negative ? dz * a.slope : dz;  // leaky'(z), as the rows
+        dz = here ? dz : 0.f;                  // pass saw z
         gk += dz;
-        if (r[u] >= 0)
-          ds[u] = ea.loop_ds != nullptr
-                      ? dz + ea.loop_ds[(int64_t)(u == 0 ? i0 : i1) * H + h]
-                      : dz;
+        ds[u] = r[u] >= 0 ? dz + hand[u] : 0.f;
       }
       // d M cells: x's vectors g, g + G, ... of this lane's head
 #pragma unroll
-      for (int k = 0; k < kEaMaxChunks; ++k) {
-        const int c = (g + k * G) * kEaXW;
-        if (c >= De) break;
+      for (int u = 0; u < 2; ++u)
+#pragma unroll
+        for (int i = 0; i < kEaXW; ++i)
+          cell[0][i] = fmaf(ds[u], xv[u][i], cell[0][i]);
+#pragma unroll
+      for (int k = 1; k < kEaMaxChunks; ++k) {
+        const int ck = (g + k * G) * kEaXW;
+        if (ck >= De) break;
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
           if (r[u] < 0) continue;
-          float xv[kEaXW];
-          load_vec<T, kEaXW>(ea.x + r[u] * De + c, xv);
+          float xk[kEaXW];
+          load_vec<T, kEaXW>(ea.x + r[u] * De + ck, xk);
 #pragma unroll
           for (int i = 0; i < kEaXW; ++i)
-            cell[k][i] = fmaf(ds[u], xv[i], cell[k][i]);
+            cell[k][i] = fmaf(ds[u], xk[i], cell[k][i]);
         }
       }
     }
-    // d x of the step's two edges: lane (u_dx, d0) gathers every head's ds
-    // of edge u_dx (lane g of head hh holds ds[g], G >= 2; with one lane a
-    // head, both)
-    float dxo[kEaMaxOuts];
-#pragma unroll
-    for (int k = 0; k < kEaMaxOuts; ++k) dxo[k] = 0.f;
-    const float mine = G < 2 ? 0.f : (g & 1) != 0 ? ds[1] : ds[0];
-    for (int hh = 0; hh < H; ++hh) {
-      float dsh;
-      if (G >= 2) {
-        dsh = __shfl_sync(kFullMask, mine, base + hh * G + u_dx);
-      } else {
-        const float a0 = __shfl_sync(kFullMask, ds[0], base + hh);
-        const float a1 = __shfl_sync(kFullMask, ds[1], base + hh);
-        dsh = u_dx == 0 ? a0 : a1;
-      }
-#pragma unroll
-      for (int k = 0; k < kEaMaxOuts; ++k) {
-        const int dd = d0 + k * half;
-        if (dd < De) dxo[k] = fmaf(dsh, s_m[hh * De + dd], dxo[k]);
-      }
-    }
+    // d x of the step's two edges: lane (u_dx, d0) sums every head's ds of
+    // edge u_dx (lane g of head hh holds ds[g], G >= 2; with one lane a
+    // head, both) times M's column d0 (in registers), then d0 + half, ...
     const int64_t rx = u_dx == 0 ? r[0] : r[1];
-    if (ea.dx != nullptr && rx >= 0) {
+    const bool put = ea.dx != nullptr && rx >= 0;
+    // (k: the lane's k-th column; every lane of the warp calls it)
+    auto column = [&](int k) -> float {
+      const int dd = min(d0 + k * half, De - 1);  // (past De: not stored)
+      float acc = 0.f;
+      if (G >= 2) {  // (warp-uniform branches)
+        const float mine = (g & 1) != 0 ? ds[1] : ds[0];
 #pragma unroll
-      for (int k = 0; k < kEaMaxOuts; ++k) {
-        const int dd = d0 + k * half;
-        if (dd < De) ea.dx[rx * De + dd] = from_float<T>(dxo[k]);
+        for (int hh = 0; hh < MAXH; ++hh) {
+          if (hh >= H) break;
+          const float d =
+              __shfl_sync(kFullMask, mine, base + hh * G + u_dx);
+          acc = fmaf(d, k == 0 ? m_col[hh] : s_m[hh * De + dd], acc);
+        }
+      } else {
+#pragma unroll
+        for (int hh = 0; hh < MAXH; ++hh) {
+          if (hh >= H) break;
+          const float a0 = __shfl_sync(kFullMask, ds[0], base + hh);
+          const float a1 = __shfl_sync(kFullMask, ds[1], base + hh);
+          acc = fmaf(u_dx == 0 ? a0 : a1,
+                     k == 0 ? m_col[hh] : s_m[hh * De + dd], acc);
+        }
       }
+      return acc;
+    };
+    const float acc0 = column(0);
+    if (put && d0 < De) ea.dx[rx * De + d0] = from_float<T>(acc0);
+    for (int k = 1; k < outs; ++k) {  // (De > lanes / 2; warp-uniform)
+      const int dd = d0 + k * half;
+      const float acc = column(k);
+      if (put && dd < De) ea.dx[rx * De + dd] = from_float<T>(acc);
     }
   }
   if (o.on) {
