@@ -134,14 +134,32 @@ __global__ void __launch_bounds__(kShortThreads, MINB)
   const T* o_lane = a.nbr_b + o.c0;
   const float2* ebuf_lane = a.ebuf + h;
   const float* drow_lane = a.drow + h;
+  // A step's per-entry indices (destination rows, CSR ids, rows of x; -1:
+  // no edge, or the row's loop) are loaded one step ahead: the walk is
+  // latency-bound, and x's rows come from DRAM in an order of their own.
+  struct Ids {
+    I i0, i1, c0, c1;
+    int32_t r0, r1;
+  };
+  auto ids = [&](int64_t e) {
+    Ids n;
+    const bool one = e < ehi, two = e + 1 < ehi;
+    n.i0 = one ? a.idx[e] : 0;
+    n.i1 = two ? a.idx[e + 1] : n.i0;
+    n.c0 = one ? a.perm[e] : 0;
+    n.c1 = two ? a.perm[e + 1] : n.c0;
+    n.r0 = one ? ea.x_row[e] : -1;
+    n.r1 = two ? ea.x_row[e + 1] : -1;
+    return n;
+  };
+  Ids next = ids(elo);
   for (unsigned st = 0; st < steps; ++st) {
     const int64_t e = elo + 2 * (int64_t)st;
     const bool one = e < ehi, two = e + 1 < ehi;
-    const I i0 = one ? a.idx[e] : 0, i1 = two ? a.idx[e + 1] : i0;
-    const I c0 = one ? a.perm[e] : 0, c1 = two ? a.perm[e + 1] : c0;
-    // the edges' rows of x (-1: no edge, or the row's loop)
-    const int64_t r[2] = {one ? (int64_t)ea.x_row[e] : -1,
-                          two ? (int64_t)ea.x_row[e + 1] : -1};
+    const Ids cur = next;
+    next = ids(e + 2);
+    const I i0 = cur.i0, i1 = cur.i1, c0 = cur.c0, c1 = cur.c1;
+    const int64_t r[2] = {cur.r0, cur.r1};
     float ds[2] = {0.f, 0.f};
     if (o.on && one) {
       // every load of the step issued before any is used, no branch among

@@ -6,6 +6,9 @@
 Builds our conv of each row on the benchmark's graph and prints the CUDA
 kernels of five training steps (torch.profiler), heaviest first.
 ``--once``: one step per row, no profiler (a run under ncu).
+``--src-order``: the edges in source order (as coalesced PyG datasets store
+them) instead of the benchmark's destination order: the user's edge
+attributes are then read in CSC order, not CSR order.
 """
 import sys
 from pathlib import Path
@@ -21,11 +24,14 @@ import training_features as tf  # noqa: E402
 
 SHAPES = False  # --shapes: aten ops with input shapes and callers
 ONCE = False  # --once: one step per row, nothing printed
+SRC_ORDER = False  # --src-order: edges sorted by source
 
 
 def main(rows) -> None:
     dev = torch.device('cuda')
     edge_index, n = tf.make_graph(dev)
+    if SRC_ORDER:
+        edge_index = edge_index[:, edge_index[0].argsort(stable=True)]
     for name in rows:
         cfg = tf.BY_NAME[name]
         _, ours = tf.build_pair(cfg, dev, 0)
@@ -71,8 +77,10 @@ def main(rows) -> None:
 
 
 if __name__ == '__main__':
-    args = [a for a in sys.argv[1:] if a not in ('--shapes', '--once')]
+    flags = ('--shapes', '--once', '--src-order')
+    args = [a for a in sys.argv[1:] if a not in flags]
     SHAPES = '--shapes' in sys.argv[1:]
     ONCE = '--once' in sys.argv[1:]
+    SRC_ORDER = '--src-order' in sys.argv[1:]
     main(args or ['gat', 'gat-edge', 'gt', 'gt-edge',
                           'gatv2-edge-dropout'])
