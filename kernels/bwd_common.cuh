@@ -139,7 +139,8 @@ struct EdgeAttrGrad {
   const T* __restrict__ m;            // [H, De]
   const int32_t* __restrict__ x_row;  // CSC entry -> row of x (-1: the
                                       // row's loop; x_row_kernel)
-  const float* __restrict__ loop_ds;  // [N_dst, H] (zeros: no loops)
+  const float2* __restrict__ row_terms;  // [N_dst, H]: (D_i, the row's
+                                         // loop d es handed to each edge)
   T* __restrict__ dx;                 // [n_in, De] (nullptr: not wanted)
   float* __restrict__ dm_part;        // [blocks, H * De]
   int De;

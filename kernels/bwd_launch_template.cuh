@@ -194,20 +194,18 @@ void launch_short_edge_attr(BwdArgs<T, I> c, Args& A, int lanes,
                             const at::TensorOptions& fopt) {
   const int64_t n_dst = A.rowptr.size(0) - 1;
   const int H = c.H, De = (int)A.edge_attr.size(1);
-  at::Tensor loop_ds;
-  if (A.edge_attr_fill != 1 && A.edge_attr_fill != 2) {
-    loop_ds = at::zeros({n_dst, H}, fopt);  // (read unconditionally)
-  } else {
-    loop_ds = at::empty({n_dst, H}, fopt);
-    const int64_t n = n_dst * H;
-    if (n > 0) {
-      loop_ds_kernel<kAdd><<<(unsigned)((n + 255) / 256), 256, 0,
+  // (D_i, the loops' handed d es) per row and head
+  at::Tensor row_terms = at::empty({n_dst, H, 2}, fopt);
+  const int64_t n = n_dst * H;
+  const bool loops = A.edge_attr_fill == 1 || A.edge_attr_fill == 2;
+  if (n > 0) {
+    row_terms_kernel<kAdd><<<(unsigned)((n + 255) / 256), 256, 0,
                              c10::cuda::getCurrentCUDAStream()>>>(
-          c.ebuf, c.drow, A.rowptr.data_ptr<int64_t>(),
-          A.edge_attr_loop_pos.data_ptr<int64_t>(), n_dst, H,
-          (int)A.edge_attr_fill, c.slope, loop_ds.data_ptr<float>());
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    }
+        c.ebuf, c.drow, A.rowptr.data_ptr<int64_t>(),
+        loops ? A.edge_attr_loop_pos.data_ptr<int64_t>() : nullptr, n_dst,
+        H, (int)A.edge_attr_fill, c.slope,
+        reinterpret_cast<float2*>(row_terms.data_ptr<float>()));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   const int64_t blocks = short_blocks(c.n_owner, lanes, kShortThreads);
   at::Tensor part = at::empty({std::max<int64_t>(blocks, 0), H * De}, fopt);
@@ -226,7 +224,7 @@ void launch_short_edge_attr(BwdArgs<T, I> c, Args& A, int lanes,
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   c.ea.x_row = x_row.data_ptr<int32_t>();
-  c.ea.loop_ds = loop_ds.data_ptr<float>();
+  c.ea.row_terms = reinterpret_cast<const float2*>(row_terms.data_ptr<float>());
   c.ea.dx = A.edge_attr_grad && A.grad_edge_attr.numel() > 0
                 ? A.grad_edge_attr.data_ptr<T>()
                 : nullptr;
@@ -354,7 +352,7 @@ void run_passes(Args& A, int optin) {
   if constexpr (KIND == kAdd && VEC && kHasScore<FEAT>) {
     if (edge_attr && short_cols &&
         short_edge_attr_fits(
-            H, A.edge_attr.size(1), lanes, F / VW,
+            H, A.edge_attr.size(1), A.edge_attr.size(0), lanes, F / VW,
             reinterpret_cast<uintptr_t>(A.edge_attr.data_ptr()) %
                     (kEaXW * sizeof(T)) == 0)) {
       launch_short_edge_attr<T, I, VW, FEAT>(c, A, lanes, fopt);

@@ -8,7 +8,8 @@
 //   d M_h += ds'_ph x_p           (the head's lanes over x's columns, in
 //                                  registers; per-block partials at the end)
 // with ds' = ds + the row's loop d es times its share (PyG's 'mean' / 'sum'
-// fill of the self-loop's attributes; loop_ds_kernel, after the rows pass).
+// fill of the self-loop's attributes; row_terms_kernel, after the rows
+// pass).
 // Before, the cols pass wrote d es [E, H] (scattered by the CSC order) and
 // two edge-parallel kernels read it back with x (loop weights, shared_grad:
 // gat-edge's backward +0.39 ms over plain GAT's in session 17).
@@ -16,13 +17,15 @@
 // summed in a fixed order.
 #pragma once
 
+#include <limits>
+
 #include "bwd_short_kernel.cuh"
 
 namespace pyg_dfgnn {
 namespace bwd {
 
 constexpr int kEaXW = 4;         // x elements per d M vector (De % 4 == 0)
-constexpr int kEaMaxChunks = 2;  // d M vectors per lane
+constexpr int kEaMaxChunks = 1;  // d M vectors per lane
 constexpr int kEaMaxOuts = 4;    // d x columns per lane per step
 constexpr int kEaMaxHeads = 16;  // (kEdgeRowsMaxHeads)
 
@@ -30,10 +33,12 @@ constexpr int kEaMaxHeads = 16;  // (kEdgeRowsMaxHeads)
 // (`aligned`: x's rows start on kEaXW-element boundaries) with `lanes` lanes
 // per owner and G lanes per head; otherwise the host forms d es and the
 // edge_attr_rows kernels take it.
-inline bool short_edge_attr_fits(int64_t H, int64_t De, int lanes, int G,
-                                 bool aligned) {
+inline bool short_edge_attr_fits(int64_t H, int64_t De, int64_t n_in,
+                                 int lanes, int G, bool aligned) {
+  // (x's offsets in int32)
   if (De < 1 || De % kEaXW != 0 || !aligned || lanes < 2 ||
-      H > kEaMaxHeads || H * De > kEdgeRowsMaxHD)
+      H > kEaMaxHeads || H * De > kEdgeRowsMaxHD ||
+      n_in * De > std::numeric_limits<int32_t>::max())
     return false;
   const int64_t chunks = (De / kEaXW + G - 1) / G;
   const int64_t outs = (De + lanes / 2 - 1) / (lanes / 2);
@@ -58,22 +63,24 @@ __global__ void __launch_bounds__(256)
   out[e] = r < n_in ? (int32_t)r : -1;
 }
 
-// Per row i with a self-loop L: the loop's d es (from the rows pass's
-// ebuf and D_i, as the cols pass forms it) times the share each of the
-// row's other edges takes (1 / count for 'mean', 1 for 'sum'); 0 without a
-// loop. Thread per (row, head).
+// Per (row i, head): (D_i, the d es of the row's self-loop L times the
+// share each of the row's other edges takes: 1 / count for 'mean', 1 for
+// 'sum'; 0 without a loop or loop_pos) -- the loop's d es from the rows
+// pass's ebuf and D_i as the cols pass forms it. One 8-byte load per edge
+// in the cols pass for both. Thread per (row, head).
 template <int KIND>
 __global__ void __launch_bounds__(256)
-    loop_ds_kernel(const float2* __restrict__ ebuf,
-                   const float* __restrict__ drow,
-                   const int64_t* __restrict__ rowptr,
-                   const int64_t* __restrict__ loop_pos, int64_t n_rows,
-                   int H, int fill, float slope, float* __restrict__ out) {
+    row_terms_kernel(const float2* __restrict__ ebuf,
+                     const float* __restrict__ drow,
+                     const int64_t* __restrict__ rowptr,
+                     const int64_t* __restrict__ loop_pos, int64_t n_rows,
+                     int H, int fill, float slope,
+                     float2* __restrict__ out) {
   const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= n_rows * H) return;
   const int64_t row = t / H;
   const int h = (int)(t % H);
-  const int64_t lp = loop_pos[row];
+  const int64_t lp = loop_pos != nullptr ? loop_pos[row] : -1;
   float v = 0.f;
   if (lp >= 0) {
     const int64_t count = rowptr[row + 1] - rowptr[row] - 1;
@@ -85,7 +92,7 @@ __global__ void __launch_bounds__(256)
     if (ip.negative) ds *= slope;
     v = ds * share;
   }
-  out[t] = v;
+  out[t] = make_float2(drow[t], v);
 }
 
 // The short cols pass of 'add' (shapes: short_rows.cuh; kernel contract:
@@ -132,34 +139,18 @@ __global__ void __launch_bounds__(kShortThreads, MINB)
     for (int i = 0; i < kEaXW; ++i) cell[k][i] = 0.f;
   const float keep_scale = a.drop.active ? a.drop.keep_scale : 1.f;
   const T* o_lane = a.nbr_b + o.c0;
+  // base pointers (issue-bound: 32x32-bit wide products per edge)
   const float2* ebuf_lane = a.ebuf + h;
-  const float* drow_lane = a.drow + h;
-  // A step's per-entry indices (destination rows, CSR ids, rows of x; -1:
-  // no edge, or the row's loop) are loaded one step ahead: the walk is
-  // latency-bound, and x's rows come from DRAM in an order of their own.
-  struct Ids {
-    I i0, i1, c0, c1;
-    int32_t r0, r1;
-  };
-  auto ids = [&](int64_t e) {
-    Ids n;
-    const bool one = e < ehi, two = e + 1 < ehi;
-    n.i0 = one ? a.idx[e] : 0;
-    n.i1 = two ? a.idx[e + 1] : n.i0;
-    n.c0 = one ? a.perm[e] : 0;
-    n.c1 = two ? a.perm[e + 1] : n.c0;
-    n.r0 = one ? ea.x_row[e] : -1;
-    n.r1 = two ? ea.x_row[e + 1] : -1;
-    return n;
-  };
-  Ids next = ids(elo);
+  const float2* terms_lane = ea.row_terms + h;
+  const T* x_lane = ea.x + g * kEaXW;
+  T* dx_lane = ea.dx + d0;
   for (unsigned st = 0; st < steps; ++st) {
     const int64_t e = elo + 2 * (int64_t)st;
     const bool one = e < ehi, two = e + 1 < ehi;
-    const Ids cur = next;
-    next = ids(e + 2);
-    const I i0 = cur.i0, i1 = cur.i1, c0 = cur.c0, c1 = cur.c1;
-    const int64_t r[2] = {cur.r0, cur.r1};
+    const I i0 = one ? a.idx[e] : 0, i1 = two ? a.idx[e + 1] : i0;
+    const I c0 = one ? a.perm[e] : 0, c1 = two ? a.perm[e + 1] : c0;
+    // the edges' rows of x (-1: no edge, or the row's loop)
+    const int32_t r[2] = {one ? ea.x_row[e] : -1, two ? ea.x_row[e + 1] : -1};
     float ds[2] = {0.f, 0.f};
     if (o.on && one) {
       // every load of the step issued before any is used, no branch among
@@ -169,10 +160,9 @@ __global__ void __launch_bounds__(kShortThreads, MINB)
       // missing second edge reads the first's and adds nothing
       const float2 pt[2] = {ebuf_lane[(int64_t)c0 * H],
                             ebuf_lane[(int64_t)c1 * H]};
-      const float d[2] = {drow_lane[(int64_t)i0 * H],
-                          drow_lane[(int64_t)i1 * H]};
-      const float hand[2] = {ea.loop_ds[(int64_t)i0 * H + h],
-                             ea.loop_ds[(int64_t)i1 * H + h]};
+      // (D_i, the loop's handed d es)
+      const float2 dh[2] = {terms_lane[(int64_t)i0 * H],
+                            terms_lane[(int64_t)i1 * H]};
       float ox[2][VW], xv[2][kEaXW];
       load_vec<T, VW>(o_lane + (int64_t)i0 * HF, ox[0]);
       load_vec<T, VW>(o_lane + (int64_t)i1 * HF, ox[1]);
@@ -182,13 +172,13 @@ __global__ void __launch_bounds__(kShortThreads, MINB)
 #pragma unroll
         for (int i = 0; i < kEaXW; ++i) xv[u][i] = 0.f;
         if (r[u] >= 0 && c < De)
-          load_vec<T, kEaXW>(ea.x + r[u] * De + c, xv[u]);
+          load_vec<T, kEaXW>(x_lane + r[u] * De, xv[u]);
       }
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
         const bool here = u == 0 || two;
         const ItemP ip = unpack_item_p<kAdd>(pt[u].x);
-        float dz = pt[u].y - ip.p * d[u];
+        float dz = pt[u].y - ip.p * dh[u].x;
         float pv = !kHasDropout<FEAT> ? ip.p
                    : ip.dropped      ? 0.f
                                      : ip.p * keep_scale;
@@ -198,7 +188,7 @@ __global__ void __launch_bounds__(kShortThreads, MINB)
         dz = ip.negative ? dz * a.slope : dz;  // leaky'(z), as the rows
         dz = here ? dz : 0.f;                  // pass saw z
         gk += dz;
-        ds[u] = r[u] >= 0 ? dz + hand[u] : 0.f;
+        ds[u] = r[u] >= 0 ? dz + dh[u].y : 0.f;
       }
       // d M cells: x's vectors g, g + G, ... of this lane's head
 #pragma unroll
@@ -224,39 +214,51 @@ __global__ void __launch_bounds__(kShortThreads, MINB)
     // d x of the step's two edges: lane (u_dx, d0) sums every head's ds of
     // edge u_dx (lane g of head hh holds ds[g], G >= 2; with one lane a
     // head, both) times M's column d0 (in registers), then d0 + half, ...
-    const int64_t rx = u_dx == 0 ? r[0] : r[1];
+    const int32_t rx = u_dx == 0 ? r[0] : r[1];
     const bool put = ea.dx != nullptr && rx >= 0;
-    // (k: the lane's k-th column; every lane of the warp calls it)
+    // (k: the lane's k-th column; every lane of the warp calls it; heads
+    // past H shuffle a lane of no head -- maybe another owner's -- and add
+    // nothing, without a branch)
     auto column = [&](int k) -> float {
       const int dd = min(d0 + k * half, De - 1);  // (past De: not stored)
-      float acc = 0.f;
-      if (G >= 2) {  // (warp-uniform branches)
+      // every head's ds of edge u_dx, in order (d(hh) for hh < MAXH)
+      auto sum = [&](auto&& d) -> float {
+        float acc = 0.f;
+        if (H == MAXH) {  // (warp-uniform; no head to mask)
+#pragma unroll
+          for (int hh = 0; hh < MAXH; ++hh)
+            acc = fmaf(d(hh), k == 0 ? m_col[hh] : s_m[hh * De + dd], acc);
+        } else {
+#pragma unroll
+          for (int hh = 0; hh < MAXH; ++hh) {
+            const float v = d(hh);
+            acc = fmaf(hh < H ? v : 0.f,
+                       k == 0 ? m_col[hh] : s_m[min(hh, H - 1) * De + dd],
+                       acc);
+          }
+        }
+        return acc;
+      };
+      if (G >= 2) {  // (warp-uniform)
         const float mine = (g & 1) != 0 ? ds[1] : ds[0];
-#pragma unroll
-        for (int hh = 0; hh < MAXH; ++hh) {
-          if (hh >= H) break;
-          const float d =
-              __shfl_sync(kFullMask, mine, base + hh * G + u_dx);
-          acc = fmaf(d, k == 0 ? m_col[hh] : s_m[hh * De + dd], acc);
-        }
-      } else {
-#pragma unroll
-        for (int hh = 0; hh < MAXH; ++hh) {
-          if (hh >= H) break;
-          const float a0 = __shfl_sync(kFullMask, ds[0], base + hh);
-          const float a1 = __shfl_sync(kFullMask, ds[1], base + hh);
-          acc = fmaf(u_dx == 0 ? a0 : a1,
-                     k == 0 ? m_col[hh] : s_m[hh * De + dd], acc);
-        }
+        return sum([&](int hh) {
+          return __shfl_sync(kFullMask, mine,
+                             (base + hh * G + u_dx) & (kWarpSize - 1));
+        });
       }
-      return acc;
+      return sum([&](int hh) {
+        const int src = (base + hh) & (kWarpSize - 1);
+        const float a0 = __shfl_sync(kFullMask, ds[0], src);
+        const float a1 = __shfl_sync(kFullMask, ds[1], src);
+        return u_dx == 0 ? a0 : a1;
+      });
     };
     const float acc0 = column(0);
-    if (put && d0 < De) ea.dx[rx * De + d0] = from_float<T>(acc0);
+    if (put && d0 < De) dx_lane[rx * De] = from_float<T>(acc0);
     for (int k = 1; k < outs; ++k) {  // (De > lanes / 2; warp-uniform)
-      const int dd = d0 + k * half;
       const float acc = column(k);
-      if (put && dd < De) ea.dx[rx * De + dd] = from_float<T>(acc);
+      if (put && d0 + k * half < De)
+        dx_lane[rx * De + k * half] = from_float<T>(acc);
     }
   }
   if (o.on) {
