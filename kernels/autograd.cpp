@@ -42,15 +42,13 @@ const c10::TypedOperatorHandle<FwdSig>& fwd_op() {
 }
 
 using BwdSig = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
-                          Tensor, Tensor, Tensor>(
+                          Tensor>(
     const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
     const Tensor&, int64_t, const Tensor&, const Tensor&, const Tensor&,
     const OptTensor&, const Tensor&, double, double, const OptTensor&,
     int64_t, const OptTensor&, int64_t, int64_t, int64_t, const OptTensor&,
     const OptTensor&, const OptTensor&, double, const OptTensor&,
-    const OptTensor&, int64_t, const OptTensor&, int64_t, const OptTensor&,
-    const OptTensor&, const OptTensor&, const OptTensor&, const OptTensor&,
-    int64_t, bool);
+    const OptTensor&, int64_t, const OptTensor&, int64_t);
 
 const c10::TypedOperatorHandle<BwdSig>& bwd_op() {
   static const auto op =
@@ -159,8 +157,7 @@ class FusedAttention : public torch::autograd::Function<FusedAttention> {
     // have no autograd, so let the dispatcher say so; otherwise skip it.
     c10::optional<at::AutoDispatchBelowADInplaceOrView> below;
     if (!at::GradMode::is_enabled()) below.emplace();
-    // (GAT's raw edge attributes take the Python path, ops/cuda.py)
-    auto [gq, gk, gv, ga, ges, gek, gev, gx, gm] = bwd_op().call(
+    auto [gq, gk, gv, ga, ges, gek, gev] = bwd_op().call(
         grad_out, data["rowptr"].toTensor(),
         data["col"].toTensor(), *colptr, *csc_row, *csc_perm,
         data["kind"].toInt(), saved[0], saved[1], saved[2],
@@ -173,8 +170,7 @@ class FusedAttention : public torch::autograd::Function<FusedAttention> {
         opt(saved[7]), data["dropout"].toDouble(),
         opt(data["rng_state"].toTensor()), grad_alpha, attention,
         data["attention_perm"].toOptional<Tensor>(),
-        data["strategy"].toInt(), c10::nullopt, c10::nullopt, c10::nullopt,
-        c10::nullopt, c10::nullopt, 0, true);
+        data["strategy"].toInt());
     // One entry per forward argument (GraphArgs last); undefined = no grad.
     // needs_input_grad counts only the arguments that were tensors (absent
     // optional ones have no edge). A shared ek = ev gets its whole gradient

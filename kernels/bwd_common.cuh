@@ -126,26 +126,6 @@ constexpr int kSegEdges = 256;     // plain blocks: edges per segment of a
 constexpr int kUnrollRows = 4;     // neighbour rows in flight per lane
 constexpr int kUnrollCols = 2;     // (cols: two vectors per edge live)
 
-// GAT's edge term from the user's raw edge attributes (es = <M_h, x_p>,
-// one M [H, De] shared by every edge), whose gradients the short cols pass
-// forms itself (bwd_short_edge_attr.cuh): d x_p = sum_h ds'_ph M_h into
-// x's row, d M = sum_p ds'_p x_p^T as per-block partials. ds' is an edge's
-// d es plus its row's loop d es handed to it (PyG's 'mean' / 'sum' fill:
-// the loop's x is the mean / sum of the row's other x); a loop reads no
-// row of x.
-template <typename T>
-struct EdgeAttrGrad {
-  const T* __restrict__ x;            // [n_in, De]
-  const T* __restrict__ m;            // [H, De]
-  const int32_t* __restrict__ x_row;  // CSC entry -> row of x (-1: the
-                                      // row's loop; x_row_kernel)
-  const float2* __restrict__ row_terms;  // [N_dst, H]: (D_i, the row's
-                                         // loop d es handed to each edge)
-  T* __restrict__ dx;                 // [n_in, De] (nullptr: not wanted)
-  float* __restrict__ dm_part;        // [blocks, H * De]
-  int De;
-};
-
 template <typename T, typename I>
 struct BwdArgs {
   const int64_t* __restrict__ ptr;  // rowptr (rows pass) | colptr (cols)
@@ -171,7 +151,6 @@ struct BwdArgs {
   T* __restrict__ grad_a;           // rows: grad_query | cols: grad_key
   T* __restrict__ grad_b;           // cols: grad_value
   float* __restrict__ att_part;     // cols, gatv2: [blocks, H * D]
-  EdgeAttrGrad<T> ea;               // cols, 'add': (ea.x == nullptr: none)
   // Plain blocks of a graph with long owners: the units of work are
   // segments of <= kSegEdges edges (seg_ptr [n_owner + 1]); an owner of
   // several writes partial sums to part[slot_ptr[owner] + k] (rows: A, B

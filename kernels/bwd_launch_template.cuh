@@ -14,7 +14,7 @@
 
 #include "bwd_common.cuh"
 #include "bwd_kernel.cuh"
-#include "bwd_short_edge_attr.cuh"
+#include "bwd_short_kernel.cuh"
 #include "bwd_tc_kernel.cuh"
 #include "dispatch.cuh"
 
@@ -27,14 +27,6 @@ struct Args {
       value, att, lse, windows, col_windows;
   at::Tensor edge_score, edge_key, edge_value;  // CSR order (or undefined)
   at::Tensor grad_alpha, attention_perm;  // (undefined: none / identity)
-  // GAT's edge term from raw edge attributes (EdgeAttrGrad; undefined:
-  // none): x [n_in, De], M [H, De], the CSR edge -> x row map (undefined:
-  // identity), each row's loop entry and each edge's row (a fill), the fill
-  // (0 none, 1 mean, 2 sum) and whether d x is wanted
-  at::Tensor edge_attr, edge_attr_mat, edge_attr_index, edge_attr_loop_pos,
-      edge_attr_row;
-  int64_t edge_attr_fill = 0;
-  bool edge_attr_grad = true;
   bool alpha_dropped, ekv_shared;
   DropoutMask drop;
   int64_t kind, stage_nodes, col_stage_nodes;
@@ -43,7 +35,6 @@ struct Args {
   // outputs, allocated by the caller (the edge ones where wanted)
   at::Tensor grad_query, grad_key, grad_value, grad_att;
   at::Tensor grad_edge_score, grad_edge_key, grad_edge_value;
-  at::Tensor grad_edge_attr, grad_edge_attr_mat;  // [n_in, De], [H, De]
 };
 
 template <typename T> void run_bwd(Args& a);
@@ -170,85 +161,6 @@ void launch_short(const BwdArgs<T, I>& a, int lanes) {
   }
 }
 
-// The edge attributes' gradients from d es (the block cols pass, or shapes
-// the fused short pass does not take): the edge_attr_rows kernels, as a
-// separate edge_attr_dots backward would run them.
-inline void edge_attr_grads_from_es(Args& A, const at::Tensor& g_es) {
-  auto opt = [](const at::Tensor& t) {
-    return t.defined() ? c10::optional<at::Tensor>(t) : c10::nullopt;
-  };
-  auto [dots, sums, scatter] = edge_attr_rows_cuda(
-      A.rowptr, opt(A.edge_attr_index), A.col.numel(), A.edge_attr,
-      A.edge_attr_fill, c10::nullopt, A.edge_attr_mat.unsqueeze(0), g_es,
-      false, true, A.edge_attr_grad, opt(A.edge_attr_loop_pos),
-      opt(A.edge_attr_row));
-  A.grad_edge_attr_mat.copy_(sums.view(A.edge_attr_mat.sizes()));
-  if (A.edge_attr_grad) A.grad_edge_attr = scatter;
-}
-
-// The short cols pass of 'add' with the edge attributes' gradients
-// (bwd_short_edge_attr.cuh): the loops' handed d es first, the d M
-// partials summed after.
-template <typename T, typename I, int VW, int FEAT>
-void launch_short_edge_attr(BwdArgs<T, I> c, Args& A, int lanes,
-                            const at::TensorOptions& fopt) {
-  const int64_t n_dst = A.rowptr.size(0) - 1;
-  const int H = c.H, De = (int)A.edge_attr.size(1);
-  // (D_i, the loops' handed d es) per row and head
-  at::Tensor row_terms = at::empty({n_dst, H, 2}, fopt);
-  const int64_t n = n_dst * H;
-  const bool loops = A.edge_attr_fill == 1 || A.edge_attr_fill == 2;
-  if (n > 0) {
-    row_terms_kernel<kAdd><<<(unsigned)((n + 255) / 256), 256, 0,
-                             c10::cuda::getCurrentCUDAStream()>>>(
-        c.ebuf, c.drow, A.rowptr.data_ptr<int64_t>(),
-        loops ? A.edge_attr_loop_pos.data_ptr<int64_t>() : nullptr, n_dst,
-        H, (int)A.edge_attr_fill, c.slope,
-        reinterpret_cast<float2*>(row_terms.data_ptr<float>()));
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
-  const int64_t blocks = short_blocks(c.n_owner, lanes, kShortThreads);
-  at::Tensor part = at::empty({std::max<int64_t>(blocks, 0), H * De}, fopt);
-  c.g_es = nullptr;
-  c.ea.x = A.edge_attr.data_ptr<T>();
-  c.ea.m = A.edge_attr_mat.data_ptr<T>();
-  const int64_t E = A.col.numel();
-  at::Tensor x_row = at::empty({E}, A.col.options().dtype(at::kInt));
-  if (E > 0) {
-    x_row_kernel<I><<<(unsigned)((E + 255) / 256), 256, 0,
-                   c10::cuda::getCurrentCUDAStream()>>>(
-        A.edge_attr_index.defined() ? A.edge_attr_index.data_ptr<int64_t>()
-                                    : nullptr,
-        A.csc_perm.data_ptr<I>(), E, A.edge_attr.size(0),
-        x_row.data_ptr<int32_t>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
-  c.ea.x_row = x_row.data_ptr<int32_t>();
-  c.ea.row_terms = reinterpret_cast<const float2*>(row_terms.data_ptr<float>());
-  c.ea.dx = A.edge_attr_grad && A.grad_edge_attr.numel() > 0
-                ? A.grad_edge_attr.data_ptr<T>()
-                : nullptr;
-  c.ea.dm_part = part.data_ptr<float>();
-  c.ea.De = De;
-  if (blocks > 0) {
-    // (the heads' ds of an edge in registers: arrays of 8 or 16)
-    // EXPERIMENT (session 18): PYG_DFGNN_EA_BLOCKS 3 / 4
-    const char* env = std::getenv("PYG_DFGNN_EA_BLOCKS");
-    const bool three = env != nullptr && env[0] == '3';
-    auto kernel =
-        H <= 8 ? (three ? short_cols_edge_attr_kernel<T, I, VW, FEAT, 8, 3>
-                        : short_cols_edge_attr_kernel<T, I, VW, FEAT, 8, 4>)
-               : (three ? short_cols_edge_attr_kernel<T, I, VW, FEAT, 16, 3>
-                        : short_cols_edge_attr_kernel<T, I, VW, FEAT, 16, 4>);
-    kernel<<<(unsigned)blocks, kShortThreads, 0,
-             c10::cuda::getCurrentCUDAStream()>>>(c, lanes);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    A.grad_edge_attr_mat.copy_(part.sum(0).view({H, De}));
-  } else {
-    A.grad_edge_attr_mat.zero_();
-  }
-}
-
 // PYG_DFGNN_BWD_STORE_MB (read per call, so that tests can switch it).
 inline double store_limit_bytes() {
   const char* env = std::getenv("PYG_DFGNN_BWD_STORE_MB");
@@ -345,36 +257,16 @@ void run_passes(Args& A, int optin) {
   c.n_owner = n_src;
   c.group = std::min(32, next_pow2(slots_k + slots_v));
   at::Tensor att_part;
-  // GAT's edge term from raw edge attributes: the short pass forms their
-  // gradients itself where the shapes allow; otherwise d es is formed here
-  // and the edge_attr_rows kernels take it.
-  const bool edge_attr = A.edge_attr.defined();
-  if constexpr (KIND == kAdd && VEC && kHasScore<FEAT>) {
-    if (edge_attr && short_cols &&
-        short_edge_attr_fits(
-            H, A.edge_attr.size(1), A.edge_attr.size(0), lanes, F / VW,
-            reinterpret_cast<uintptr_t>(A.edge_attr.data_ptr()) %
-                    (kEaXW * sizeof(T)) == 0)) {
-      launch_short_edge_attr<T, I, VW, FEAT>(c, A, lanes, fopt);
-      return;
-    }
-  }
-  at::Tensor g_es;
-  if (edge_attr) {
-    g_es = at::empty({E, H}, A.value.options());
-    c.g_es = g_es.data_ptr<T>();
-  }
   if (short_cols) {
     launch_short<T, I, KIND, VEC, FEAT, true>(c, lanes);
-  } else {
-    PYG_DFGNN_DISPATCH_BOOL(lean, LEAN, [&] {
-      launch<T, I, KIND, VEC, true, kBlockFeat, LEAN>(
-          c, A.colptr, E, A.max_out_degree, A.col_windows, A.col_stage_nodes,
-          optin, KIND == kGatv2 ? &att_part : nullptr, fopt);
-    });
-    if (KIND == kGatv2) A.grad_att.copy_(att_part.sum(0).view({H, D}));
+    return;
   }
-  if (edge_attr) edge_attr_grads_from_es(A, g_es);
+  PYG_DFGNN_DISPATCH_BOOL(lean, LEAN, [&] {
+    launch<T, I, KIND, VEC, true, kBlockFeat, LEAN>(
+        c, A.colptr, E, A.max_out_degree, A.col_windows, A.col_stage_nodes,
+        optin, KIND == kGatv2 ? &att_part : nullptr, fopt);
+  });
+  if (KIND == kGatv2) A.grad_att.copy_(att_part.sum(0).view({H, D}));
 }
 
 }  // namespace detail

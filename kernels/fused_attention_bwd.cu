@@ -5,8 +5,6 @@
 // units that compile in parallel); here only run_bwd<T>'s kind dispatch.
 #include <c10/cuda/CUDAGuard.h>
 
-#include <limits>
-
 #include "bwd_launch_template.cuh"
 #include "ops.h"
 
@@ -43,7 +41,7 @@ void check_shape(const at::Tensor& t, const char* name,
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
-           at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+           at::Tensor, at::Tensor>
 fused_attention_bwd_cuda(
     const at::Tensor& grad_out, const at::Tensor& rowptr, const at::Tensor& col,
     const at::Tensor& colptr, const at::Tensor& csc_row,
@@ -58,13 +56,7 @@ fused_attention_bwd_cuda(
     const c10::optional<at::Tensor>& edge_value, double dropout,
     const c10::optional<at::Tensor>& rng_state,
     const c10::optional<at::Tensor>& grad_alpha, int64_t attention,
-    const c10::optional<at::Tensor>& attention_perm, int64_t strategy,
-    const c10::optional<at::Tensor>& edge_attr,
-    const c10::optional<at::Tensor>& edge_attr_mat,
-    const c10::optional<at::Tensor>& edge_attr_index,
-    const c10::optional<at::Tensor>& edge_attr_loop_pos,
-    const c10::optional<at::Tensor>& edge_attr_row, int64_t edge_attr_fill,
-    bool edge_attr_grad) {
+    const c10::optional<at::Tensor>& attention_perm, int64_t strategy) {
   using pyg_dfgnn::bwd::Args;
   TORCH_CHECK(kind >= 0 && kind <= 2, "fused_attention_bwd: unknown kind ",
               kind);
@@ -194,66 +186,6 @@ fused_attention_bwd_cuda(
                 "fused_attention_bwd: 'attention_perm' must be an int32 / "
                 "int64 permutation of the E edges");
   }
-  // GAT's edge term from raw edge attributes (ops.h)
-  at::Tensor ea_x, ea_m, ea_index, ea_loop_pos, ea_row;
-  if (edge_attr.has_value() && edge_attr->defined()) {
-    TORCH_CHECK(kind == kAdd && es.defined(),
-                "fused_attention_bwd: 'edge_attr' needs kind 'add' and the "
-                "forward's 'edge_score'");
-    ea_x = *edge_attr;
-    check_tensor(ea_x, "edge_attr", dev);
-    TORCH_CHECK(ea_x.scalar_type() == dt && ea_x.dim() == 2 &&
-                    ea_x.size(1) >= 1,
-                "fused_attention_bwd: 'edge_attr' must be [E_in, De] in "
-                "value's dtype");
-    const int64_t De = ea_x.size(1);
-    TORCH_CHECK(ea_x.size(0) <= std::numeric_limits<int32_t>::max(),
-                "fused_attention_bwd: 'edge_attr' takes at most 2^31 - 1 "
-                "rows");
-    TORCH_CHECK(H <= kEdgeRowsMaxHeads && H * De <= kEdgeRowsMaxHD,
-                "fused_attention_bwd: edge attributes take at most ",
-                kEdgeRowsMaxHeads, " heads and H * De <= ", kEdgeRowsMaxHD);
-    TORCH_CHECK(edge_attr_mat.has_value() && edge_attr_mat->defined(),
-                "fused_attention_bwd: 'edge_attr' needs 'edge_attr_mat'");
-    ea_m = *edge_attr_mat;
-    check_tensor(ea_m, "edge_attr_mat", dev);
-    TORCH_CHECK(ea_m.scalar_type() == dt, "fused_attention_bwd: "
-                "'edge_attr_mat' has dtype ", ea_m.scalar_type(),
-                " but 'value' has ", dt);
-    check_shape(ea_m, "edge_attr_mat", {H, De});
-    TORCH_CHECK(edge_attr_fill >= 0 && edge_attr_fill <= 2,
-                "fused_attention_bwd: 'edge_attr_fill' must be 0 (none), 1 "
-                "(mean) or 2 (sum)");
-    if (edge_attr_index.has_value() && edge_attr_index->defined()) {
-      ea_index = *edge_attr_index;
-      check_tensor(ea_index, "edge_attr_index", dev);
-      TORCH_CHECK(ea_index.scalar_type() == at::kLong &&
-                      ea_index.dim() == 1 && ea_index.numel() == E,
-                  "fused_attention_bwd: 'edge_attr_index' must be int64 "
-                  "[E]");
-    } else {
-      TORCH_CHECK(edge_attr_fill == 0 && ea_x.size(0) == E,
-                  "fused_attention_bwd: without 'edge_attr_index' the "
-                  "edges read 'edge_attr' in CSR order (E rows, no fill)");
-    }
-    if (edge_attr_fill != 0) {
-      TORCH_CHECK(edge_attr_loop_pos.has_value() &&
-                      edge_attr_loop_pos->defined() &&
-                      edge_attr_row.has_value() && edge_attr_row->defined(),
-                  "fused_attention_bwd: a fill needs 'edge_attr_loop_pos' "
-                  "and 'edge_attr_row'");
-      ea_loop_pos = *edge_attr_loop_pos;
-      ea_row = *edge_attr_row;
-      check_tensor(ea_loop_pos, "edge_attr_loop_pos", dev);
-      check_tensor(ea_row, "edge_attr_row", dev);
-      TORCH_CHECK(ea_loop_pos.scalar_type() == at::kLong &&
-                      ea_loop_pos.numel() == n_dst,
-                  "fused_attention_bwd: 'edge_attr_loop_pos' must be int64 "
-                  "[N_dst]");
-      TORCH_CHECK(ea_row.scalar_type() == at::kInt && ea_row.numel() == E,
-                  "fused_attention_bwd: 'edge_attr_row' must be int32 [E]");
-    }
-  }
   auto check_windows = [&](const c10::optional<at::Tensor>& w,
                            const char* name) -> at::Tensor {
     if (!w.has_value() || !w->defined()) return at::Tensor();
@@ -318,23 +250,6 @@ fused_attention_bwd_cuda(
   a.grad_edge_key = grad_of(ek);
   a.grad_edge_value = a.ekv_shared ? at::empty({0}, value.options())
                                    : grad_of(ev);
-  if (ea_x.defined()) {
-    a.edge_attr = ea_x;
-    a.edge_attr_mat = ea_m;
-    a.edge_attr_index = ea_index;
-    a.edge_attr_loop_pos = ea_loop_pos;
-    a.edge_attr_row = ea_row;
-    a.edge_attr_fill = edge_attr_fill;
-    a.edge_attr_grad = edge_attr_grad;
-    // d es stays inside the backward: d x and d M leave instead
-    a.grad_edge_score = at::empty({0}, value.options());
-    a.grad_edge_attr = edge_attr_grad ? at::empty_like(ea_x)
-                                      : at::empty({0}, value.options());
-    a.grad_edge_attr_mat = at::empty_like(ea_m);
-  } else {
-    a.grad_edge_attr = at::empty({0}, value.options());
-    a.grad_edge_attr_mat = at::empty({0}, value.options());
-  }
   // tensor-core windows (conditions: ops.h) after a TC (2) or SMMF (4)
   // forward: both save the same lse
   if (strategy == 2 || strategy == 4) {
@@ -357,16 +272,16 @@ fused_attention_bwd_cuda(
       default: pyg_dfgnn::bwd::run_tc_bwd<at::BFloat16>(a); break;
     }
     a.grad_att.zero_();
-    return {a.grad_query,      a.grad_key,       a.grad_value,
+    return {a.grad_query,      a.grad_key,      a.grad_value,
             a.grad_att,        a.grad_edge_score, a.grad_edge_key,
-            a.grad_edge_value, a.grad_edge_attr,  a.grad_edge_attr_mat};
+            a.grad_edge_value};
   }
   switch (dt) {
     case at::kFloat: pyg_dfgnn::bwd::run_bwd<float>(a); break;
     case at::kHalf: pyg_dfgnn::bwd::run_bwd<at::Half>(a); break;
     default: pyg_dfgnn::bwd::run_bwd<at::BFloat16>(a); break;
   }
-  return {a.grad_query,      a.grad_key,       a.grad_value,
+  return {a.grad_query,      a.grad_key,      a.grad_value,
           a.grad_att,        a.grad_edge_score, a.grad_edge_key,
-          a.grad_edge_value, a.grad_edge_attr,  a.grad_edge_attr_mat};
+          a.grad_edge_value};
 }

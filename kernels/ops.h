@@ -61,18 +61,7 @@ fused_attention_fwd_cuda(
 // -> (grad_query, grad_key, grad_value, grad_att (empty [0] unless gatv2),
 //     grad_edge_score, grad_edge_key, grad_edge_value (empty [0] for absent
 //     inputs; 'dot' with edge_key and edge_value the same tensor: their one
-//     gradient in grad_edge_key, grad_edge_value empty), grad_edge_attr
-//     [E_in, De] (rows no edge reads left unwritten), grad_edge_attr_mat
-//     [H, De] (empty [0] without edge_attr)).
-// edge_attr (optional, 'add' with the forward's edge_score): GAT's edge term
-// es_ph = <M_h, x_p> came from raw edge attributes x = edge_attr [E_in, De]
-// and one M = edge_attr_mat [H, De]; CSR edge p reads x row
-// edge_attr_index[p] (int64; >= E_in marks its row's self-loop, whose x is
-// the mean (fill 1) or sum (fill 2) of the row's other rows; identity
-// without it), edge_attr_loop_pos int64 [N_dst] each row's loop entry (-1:
-// none) and edge_attr_row int32 [E] each edge's row (both with a fill).
-// The backward returns d x (when edge_attr_grad) and d M instead of
-// d edge_score.
+//     gradient in grad_edge_key, grad_edge_value empty)).
 // grad_alpha: gradient of the forward's returned weights (attention 1 / 2,
 // same attention_perm), or None.
 // csc_perm: CSR edge id of each CSC entry. windows / stage_nodes: the
@@ -86,7 +75,7 @@ fused_attention_fwd_cuda(
 // and sources and no two windows share a source), else the rows / cols
 // passes.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
-           at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+           at::Tensor, at::Tensor>
 fused_attention_bwd_cuda(
     const at::Tensor& grad_out, const at::Tensor& rowptr, const at::Tensor& col,
     const at::Tensor& colptr, const at::Tensor& csc_row,
@@ -101,13 +90,7 @@ fused_attention_bwd_cuda(
     const c10::optional<at::Tensor>& edge_value, double dropout,
     const c10::optional<at::Tensor>& rng_state,
     const c10::optional<at::Tensor>& grad_alpha, int64_t attention,
-    const c10::optional<at::Tensor>& attention_perm, int64_t strategy,
-    const c10::optional<at::Tensor>& edge_attr,
-    const c10::optional<at::Tensor>& edge_attr_mat,
-    const c10::optional<at::Tensor>& edge_attr_index,
-    const c10::optional<at::Tensor>& edge_attr_loop_pos,
-    const c10::optional<at::Tensor>& edge_attr_row, int64_t edge_attr_fill,
-    bool edge_attr_grad);
+    const c10::optional<at::Tensor>& attention_perm, int64_t strategy);
 
 // Raw edge attributes read through a CSR edge -> row map (edge_attr_rows.cu;
 // math in pyg_dfgnn/ops/edge_attr.py): for each CSR row i and edge p,
@@ -160,9 +143,5 @@ inline constexpr const char* kFusedAttentionBwdSchema =
     "int max_in_degree=-1, int max_out_degree=-1, Tensor? edge_score=None, "
     "Tensor? edge_key=None, Tensor? edge_value=None, float dropout=0., "
     "Tensor? rng_state=None, Tensor? grad_alpha=None, int attention=0, "
-    "Tensor? attention_perm=None, int strategy=0, Tensor? edge_attr=None, "
-    "Tensor? edge_attr_mat=None, Tensor? edge_attr_index=None, "
-    "Tensor? edge_attr_loop_pos=None, Tensor? edge_attr_row=None, "
-    "int edge_attr_fill=0, bool edge_attr_grad=True) "
-    "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, "
-    "Tensor)";
+    "Tensor? attention_perm=None, int strategy=0) "
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)";

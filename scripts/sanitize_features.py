@@ -7,7 +7,7 @@ Edge terms of every kind (TransformerConv's shared key-value term too), the
 attention weights with a gradient in a permuted order, and dropout, in SMMF
 (staged batch windows) and PMF (a super node), fp32 and bf16, scalar (F = 17)
 and vector paths; the short-owner kernels with features (forced); the raw
-edge attribute kernels, and GAT's inside the short cols pass. Cases from
+edge attribute kernels. Cases from
 tests/test_features_cuda.py and tests/test_edge_attr_cuda.py; exits non-zero
 if one is off.
 """
@@ -76,18 +76,6 @@ def short_case(kind, dtype, dropout, graph_kind):
     tf.check_case(tf._cuda(), graph, kind, t, 'smmf', dtype, dropout, gen=gen)
 
 
-GAT_EDGE_ATTR = [  # the short cols pass with GAT's edge attributes:
-    # heads, channels, D_e, dtype, fill, dropout, attention
-    (8, 16, 16, torch.float32, 'mean', 0.0, None),
-    (3, 8, 8, torch.bfloat16, 'add', 0.3, None),
-    (2, 4, 4, torch.float32, None, 0.0, 'loss')]
-
-
-def gat_edge_attr_case(*args):
-    os.environ['PYG_DFGNN_SHORT_ROWS'] = '1'
-    te.check_gat_edge_attr(*args, profile=False)
-
-
 def main() -> int:
     failed = 0
     runs = [(tf.test_edge_terms_and_weights, c[:4] + (c[4], ), ' '.join(
@@ -100,10 +88,7 @@ def main() -> int:
                   'edge_attr vector rows ' + ' '.join(map(str, c)))
                  for c in VECTOR_ROWS] + [
                  (short_case, c,
-                  'short ' + ' '.join(map(str, c))) for c in SHORT] + [
-                 (gat_edge_attr_case, c,
-                  'gat edge_attr ' + ' '.join(map(str, c)))
-                 for c in GAT_EDGE_ATTR]
+                  'short ' + ' '.join(map(str, c))) for c in SHORT]
     for fn, args, name in runs:
         try:
             fn(*args)

@@ -51,8 +51,7 @@ def bwd_op():
         cpp = os.path.join(tmp, 'bwd_only_ops.cpp')
         with open(cpp, 'w') as f:
             f.write(_PRIVATE_CPP)
-        # (the backward hands GAT's edge attributes to edge_attr_rows)
-        srcs = [cpp, str(KERNEL_DIR / 'edge_attr_rows.cu')] + sorted(
+        srcs = [cpp] + sorted(
             str(p) for p in KERNEL_DIR.glob('fused_attention_bwd*.cu'))
         load(name='pyg_dfgnn_bwd_only', sources=srcs,
              extra_include_paths=[str(KERNEL_DIR)],

@@ -29,7 +29,6 @@ from torch import Tensor
 
 from pyg_dfgnn.graph import DFGraph
 from pyg_dfgnn.ops import cuda as _cuda
-from pyg_dfgnn.ops.edge_attr import EdgeAttrScore
 from pyg_dfgnn.ops.reference import fused_attention_reference
 
 KINDS = ('dot', 'add', 'gatv2')
@@ -102,16 +101,7 @@ def check_inputs(graph: DFGraph, kind: str, value: Tensor, query: Tensor,
     if edge_score is not None:
         if kind == 'gatv2':
             raise ValueError("'edge_score' is not used by kind 'gatv2'")
-        if isinstance(edge_score, EdgeAttrScore):
-            if edge_score.shape != (e, heads) or edge_score.dtype != dt or \
-                    edge_score.device != dev:
-                raise ValueError(
-                    f"'edge_score' (edge attributes) must give [{e}, "
-                    f"{heads}] in {dt} on {dev} (got "
-                    f"{list(edge_score.shape)} in {edge_score.dtype} on "
-                    f"{edge_score.device})")
-        else:
-            _check_tensor('edge_score', edge_score, (e, heads), dt, dev)
+        _check_tensor('edge_score', edge_score, (e, heads), dt, dev)
     if edge_key is not None and kind == 'add':
         raise ValueError("'edge_key' is not used by kind 'add'")
     if edge_value is not None:
@@ -163,12 +153,9 @@ def fused_attention(
         att (Tensor, optional): ``'gatv2'`` attention vector [H, D].
         scale (float): ``'dot'`` score scale.
         negative_slope (float): LeakyReLU slope of ``'add'`` / ``'gatv2'``.
-        edge_score (Tensor or EdgeAttrScore, optional): per-edge score
-            term [E, H] (``'add'``: inside the LeakyReLU; ``'dot'``: added
-            to the scaled dot product); for ``'add'`` also as its factors
-            (:class:`~pyg_dfgnn.ops.edge_attr.EdgeAttrScore`, GAT's edge
-            term), whose gradients the CUDA backward then forms in its
-            kernels.
+        edge_score (Tensor, optional): per-edge score term [E, H]
+            (``'add'``: inside the LeakyReLU; ``'dot'``: added to the scaled
+            dot product).
         edge_key (Tensor, optional): per-edge key term [E, H, D]
             (``'dot'``, ``'gatv2'``).
         edge_value (Tensor, optional): per-edge value term [E, H, F].
@@ -208,8 +195,6 @@ def fused_attention(
             dropout=drop, attention=attention, attention_perm=attention_perm)
     if not value.is_cuda:
         _note_reference_path()
-    if isinstance(edge_score, EdgeAttrScore):
-        edge_score = edge_score.materialize()
     out, alpha = fused_attention_reference(
         graph, kind, value, query, key, att, scale, negative_slope,
         edge_score, edge_key, edge_value, drop, training,

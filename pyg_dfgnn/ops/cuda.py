@@ -85,22 +85,16 @@ def _bwd_fake(grad_out, rowptr, col, colptr, csc_row, csc_perm, kind, query,
               max_in_degree=-1, max_out_degree=-1, edge_score=None,
               edge_key=None, edge_value=None, dropout=0.0, rng_state=None,
               grad_alpha=None, attention=0, attention_perm=None,
-              strategy=0, edge_attr=None, edge_attr_mat=None,
-              edge_attr_index=None, edge_attr_loop_pos=None,
-              edge_attr_row=None, edge_attr_fill=0, edge_attr_grad=True):
+              strategy=0):
     def grad_of(t):
         return torch.empty_like(t) if t is not None else \
             value.new_empty((0, ))
 
     shared = kind == KIND_IDS['dot'] and edge_key is not None and \
         edge_key is edge_value
-    # (with raw edge attributes, their gradients leave instead of d es)
     return (torch.empty_like(query), torch.empty_like(key),
-            torch.empty_like(value), grad_of(att),
-            grad_of(edge_score if edge_attr is None else None),
-            grad_of(edge_key), grad_of(None if shared else edge_value),
-            grad_of(edge_attr if edge_attr_grad else None),
-            grad_of(edge_attr_mat))
+            torch.empty_like(value), grad_of(att), grad_of(edge_score),
+            grad_of(edge_key), grad_of(None if shared else edge_value))
 
 
 def _fused_fake(rowptr, col, colptr, csc_row, csc_perm, kind, query, key,
@@ -400,88 +394,6 @@ def bwd_plan_args(plan: Plan) -> tuple:
 ATTENTION_IDS = {None: 0, 'before_dropout': 1, 'after_dropout': 2}
 
 
-class _EdgeAttrCall:
-    """What _EdgeAttrAttention's two halves share besides tensors."""
-    __slots__ = ('graph', 'plan', 'csc', 'emap', 'slope', 'dropout',
-                 'attention', 'attention_perm')
-
-    def __init__(self, **kw):
-        for k, v in kw.items():
-            setattr(self, k, v)
-
-
-class _EdgeAttrAttention(torch.autograd.Function):
-    """GAT ('add') whose edge term comes from raw edge attributes
-    (:class:`~pyg_dfgnn.ops.edge_attr.EdgeAttrScore`): the forward forms the
-    term [E, H] with the edge_attr_rows kernels and runs the fused forward;
-    the backward hands ``edge_attr`` and ``mat`` to the fused backward, whose
-    short cols pass forms their gradients itself where its shapes allow
-    (kernels/bwd_short_edge_attr.cuh) -- d T [E, H] then never leaves the
-    kernels. One Python node instead of edge_attr_dots' node plus the op's
-    C++ one."""
-
-    @staticmethod
-    def forward(ctx, query: Tensor, key: Tensor, value: Tensor,
-                edge_attr: Tensor, mat: Tensor, call: _EdgeAttrCall):
-        from pyg_dfgnn.ops.edge_attr import FILL_IDS
-        ctx.set_materialize_grads(False)
-        query, key, value = (query.contiguous(), key.contiguous(),
-                             value.contiguous())
-        edge_attr, mat = edge_attr.contiguous(), mat.contiguous()
-        emap, graph = call.emap, call.graph
-        score = torch.ops.pyg_dfgnn.edge_attr_rows(
-            emap.rowptr, emap.index, emap.num_edges, edge_attr,
-            FILL_IDS[emap.fill], None, mat.unsqueeze(0), None, True, False,
-            False, emap.loop_pos, emap.edge_row)[0]
-        out, lse, alpha, rng_state = torch.ops.pyg_dfgnn.fused_attention_fwd(
-            graph.rowptr, graph.col, KIND_IDS['add'], query, key, value,
-            None, 1.0, call.slope, *call.plan[:4], score, None, None,
-            call.dropout, call.attention, call.attention_perm)
-        ctx.save_for_backward(query, key, value, lse, score, edge_attr, mat,
-                              rng_state)
-        ctx.call = call
-        return out, alpha
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out: Optional[Tensor],
-                 grad_alpha: Optional[Tensor]):
-        from pyg_dfgnn.ops.edge_attr import FILL_IDS
-        query, key, value, lse, score, edge_attr, mat, rng_state = \
-            ctx.saved_tensors
-        call = ctx.call
-        emap, graph = call.emap, call.graph
-        if grad_out is None:  # only the weights are in the loss
-            grad_out = value.new_zeros((graph.num_dst, ) + value.shape[1:])
-        need = ctx.needs_input_grad
-        grads = torch.ops.pyg_dfgnn.fused_attention_bwd(
-            grad_out.contiguous(), graph.rowptr, graph.col, *call.csc,
-            KIND_IDS['add'], query, key, value, None, lse, 1.0, call.slope,
-            *bwd_plan_args(call.plan), score, None, None, call.dropout,
-            rng_state, grad_alpha if call.attention else None,
-            call.attention, call.attention_perm, call.plan[0], edge_attr,
-            mat, emap.index, emap.loop_pos, emap.edge_row,
-            FILL_IDS[emap.fill], need[3])
-        grad_x = grads[7] if need[3] else None
-        if grad_x is not None and emap.unused_rows:
-            grad_x.index_fill_(0, emap.unused_index, 0)
-        return (grads[0] if need[0] else None, grads[1] if need[1] else None,
-                grads[2] if need[2] else None, grad_x,
-                grads[8] if need[4] else None, None)
-
-
-def _edge_attr_term(edge_score, kind: str, value: Tensor):
-    """``edge_score`` as an EdgeAttrScore the fused backward takes, else
-    None (a tensor, or an EdgeAttrScore formed into one here)."""
-    if edge_score is None or isinstance(edge_score, Tensor):
-        return None, edge_score
-    if kind == 'add' and value.dtype in _KERNEL_DTYPES and \
-            edge_score.fused_backward() and \
-            not torch.compiler.is_compiling():
-        return edge_score, None
-    return None, edge_score.materialize()
-
-
 def fused_attention_cuda(graph, kind: str, value: Tensor, query: Tensor,
                          key: Tensor, att: Optional[Tensor], scale: float,
                          negative_slope: float,
@@ -510,8 +422,6 @@ def fused_attention_cuda(graph, kind: str, value: Tensor, query: Tensor,
     if attention not in ATTENTION_IDS:
         raise ValueError(f"'attention' must be one of "
                          f"{tuple(ATTENTION_IDS)} (got {attention!r})")
-    # GAT's edge term as raw edge attributes (EdgeAttrScore) or a tensor
-    term, edge_score = _edge_attr_term(edge_score, kind, value)
     if value.dtype == torch.float64:  # no fp64 kernels: the exact reference
         from pyg_dfgnn.ops.reference import fused_attention_reference
         out, alpha = fused_attention_reference(
@@ -528,28 +438,15 @@ def fused_attention_cuda(graph, kind: str, value: Tensor, query: Tensor,
         raise RuntimeError('pyg_dfgnn CUDA kernels are not available')
     backward = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad
-        for t in (value, query, key, att, edge_score, edge_key, edge_value,
-                  term))
-    if term is not None and not backward:
-        term, edge_score = None, term.materialize()
-    features = edge_score is not None or term is not None or \
-        edge_key is not None or edge_value is not None or dropout > 0 or \
-        attention is not None
+        for t in (value, query, key, att, edge_score, edge_key, edge_value))
+    features = edge_score is not None or edge_key is not None or \
+        edge_value is not None or dropout > 0 or attention is not None
     if strategy == TC:
         _check_tc(kind, query, value, features)
     plan = _plan(graph, kind, query, value, strategy, backward, features)
     colptr = csc_row = csc_perm = None
     if backward:
         colptr, csc_row, csc_perm = graph.csc()
-    if term is not None:
-        call = _EdgeAttrCall(
-            graph=graph, plan=plan, csc=(colptr, csc_row, csc_perm),
-            emap=term.emap, slope=float(negative_slope),
-            dropout=float(dropout), attention=ATTENTION_IDS[attention],
-            attention_perm=attention_perm)
-        out, alpha = _EdgeAttrAttention.apply(query, key, value,
-                                              term.edge_attr, term.mat, call)
-        return out if attention is None else (out, alpha)
     # The op makes its inputs contiguous and saves only lse for the backward
     # (which does not read the output), so in-place edits of the result
     # (`h.relu_()` on a conv's output view) are legal as with PyG's unfused

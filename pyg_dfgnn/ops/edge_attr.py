@@ -25,7 +25,7 @@ CPU path (and the oracle of the tests) forms :math:`\mathbf{x}_p` with
 PyTorch ops.
 """
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -245,71 +245,6 @@ def edge_attr_sums(emap: EdgeAttrMap, edge_attr: Tensor,
     return edge_attr_sums_reference(emap, edge_attr, edge_weight)
 
 
-class EdgeAttrScore:
-    r"""GAT's edge term :math:`T_{ph} = \langle \mathbf{M}_h,
-    \mathbf{x}_p \rangle` [E, H] held as its factors: the user's
-    ``edge_attr`` read through ``emap`` and one matrix ``mat`` [H, D_e]
-    (:math:`a_e^\top \Theta_e`). Passed as :func:`~pyg_dfgnn.ops.
-    fused_attention`'s ``edge_score``, it lets the CUDA backward form the
-    gradients of ``edge_attr`` and ``mat`` inside its cols pass instead of
-    handing d T [E, H] to :func:`edge_attr_dots`' backward;
-    :meth:`materialize` gives the tensor (the CPU path, and shapes the
-    fused backward does not take).
-
-    Args:
-        emap (EdgeAttrMap): how the CSR edges read ``edge_attr``.
-        edge_attr (Tensor): [E_in, D_e].
-        mat (Tensor): [H, D_e], in ``edge_attr``'s dtype.
-    """
-    def __init__(self, emap: EdgeAttrMap, edge_attr: Tensor,
-                 mat: Tensor) -> None:
-        _check(emap, edge_attr, mat.shape[0] if mat.dim() == 2 else 0)
-        if mat.dim() != 2 or mat.size(1) != edge_attr.size(1):
-            raise ValueError(f"'mat' must have shape [H, "
-                             f"{edge_attr.size(1)}] (got {list(mat.shape)})")
-        if mat.dtype != edge_attr.dtype or mat.device != edge_attr.device:
-            raise ValueError("'mat' and 'edge_attr' must share dtype and "
-                             "device")
-        self.emap, self.edge_attr, self.mat = emap, edge_attr, mat
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.edge_attr.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.edge_attr.device
-
-    @property
-    def shape(self) -> torch.Size:
-        return torch.Size((self.emap.num_edges, self.mat.size(0)))
-
-    def to(self, dtype: torch.dtype) -> Union['EdgeAttrScore', Tensor]:
-        """In ``dtype`` (autocast's): the factors cast where the fused
-        backward takes them, else the term formed in their dtype and cast
-        (a 'const' fill row keeps its dtype)."""
-        if not self.fused_backward():
-            return self.materialize().to(dtype)
-        return EdgeAttrScore(self.emap, self.edge_attr.to(dtype),
-                             self.mat.to(dtype))
-
-    @property
-    def requires_grad(self) -> bool:
-        return self.edge_attr.requires_grad or self.mat.requires_grad
-
-    def fused_backward(self) -> bool:
-        """Whether the CUDA backward takes it unformed: a fill of 'none',
-        'mean' or 'sum' (the 'const' row is not handed to the kernels)."""
-        return self.emap.fill in ('none', 'mean', 'sum') and (
-            self.emap.index is not None or
-            self.edge_attr.size(0) == self.emap.num_edges)
-
-    def materialize(self) -> Tensor:
-        """T [E, H] in CSR order (differentiable)."""
-        return edge_attr_dots(self.emap, self.edge_attr,
-                              self.mat.unsqueeze(0))
-
-
 def _check(emap: EdgeAttrMap, edge_attr: Tensor, heads: int) -> None:
     if edge_attr.dim() != 2 or edge_attr.size(0) != emap.num_input:
         raise ValueError(f"'edge_attr' must have shape [{emap.num_input}, "
@@ -320,5 +255,5 @@ def _check(emap: EdgeAttrMap, edge_attr: Tensor, heads: int) -> None:
                          f"(got {heads} x {edge_attr.size(1)})")
 
 
-__all__ = ['EdgeAttrMap', 'EdgeAttrScore', 'edge_attr_dots',
-           'edge_attr_sums', 'supported', 'csr_edge_attr']
+__all__ = ['EdgeAttrMap', 'edge_attr_dots', 'edge_attr_sums', 'supported',
+           'csr_edge_attr']

@@ -24,7 +24,7 @@ from pyg_dfgnn.nn.conv.utils import (
     split_node_features,
 )
 from pyg_dfgnn.ops import fused_attention
-from pyg_dfgnn.ops.edge_attr import EdgeAttrScore, supported
+from pyg_dfgnn.ops.edge_attr import edge_attr_dots, supported
 
 
 class DFGATConv(MessagePassing):
@@ -288,9 +288,8 @@ class DFGATConv(MessagePassing):
         return out
 
     def _edge_score(self, structure: Any, adj: Any,
-                    edge_attr: Tensor) -> Union[Tensor, EdgeAttrScore]:
-        """The edge term a_e^T Theta_e e_ij [E, H] in CSR order (as its
-        factors where the kernels read the raw attributes)."""
+                    edge_attr: Tensor) -> Tensor:
+        """The edge term a_e^T Theta_e e_ij [E, H] in CSR order."""
         H, C = self.heads, self.out_channels
         if isinstance(edge_attr, Tensor) and edge_attr.dim() == 1:
             edge_attr = edge_attr.view(-1, 1)
@@ -312,7 +311,8 @@ class DFGATConv(MessagePassing):
                                        project=lambda e: e @ folded.t())
         # read in the user's order, loops filled in the kernel: no copy
         dtype = torch.promote_types(edge_attr.dtype, folded.dtype)
-        return EdgeAttrScore(emap, edge_attr.to(dtype), folded.to(dtype))
+        return edge_attr_dots(emap, edge_attr.to(dtype),
+                              folded.to(dtype).unsqueeze(0))
 
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}({self.in_channels}, '
