@@ -24,11 +24,13 @@ module's weights run without padding, as ``gt.attn_impl`` says:
   nodes of a captured batch in segments of at most the largest graph),
   ``cu_seqlens`` from the batch's graph bounds -- the kernel nested jagged
   SDPA runs, without the nested tensors' host work;
-* ``'fused'`` (``'auto'`` on CUDA while training with attention dropout,
-  and on the CPU): our op, ``'dot'`` attention over the block-diagonal
-  complete graph of the batch (``attn_graph`` of the device loader,
-  :mod:`pyg_dfgnn.train.batching`), the dropout mask drawn in the kernels;
-* ``'padded'``: GraphGPS's way (``'auto'`` under ``torch.compile``: see
+* ``'fused'`` (``'auto'`` on CUDA while training with attention dropout
+  and heads of 4 * 2^k features, and on the CPU): our op, ``'dot'``
+  attention over the block-diagonal complete graph of the batch
+  (``attn_graph`` of the device loader, :mod:`pyg_dfgnn.train.batching`),
+  the dropout mask drawn in the kernels;
+* ``'padded'``: GraphGPS's way (``'auto'`` under ``torch.compile``, and
+  while training with attention dropout and other head widths: see
   :func:`global_attn_impl`).
 
 H100, pattern-gps, captured step, attention dropout 0.5 (benchmarks/NOTES.md
@@ -251,8 +253,23 @@ def segment_bounds(data: Any) -> Tuple[Tensor, int]:
     return ptr, max(1, int(ptr.diff().max())) if ptr.numel() > 1 else 1
 
 
+def fused_attention_pays(head_dim: Optional[int]) -> bool:
+    """Whether our op takes GPS's global attention heads of ``head_dim``
+    features on its vector rows with a power-of-two number of lanes per
+    head (4 * 2^k: the short-owner kernels' shapes), where it was measured
+    faster than the padded kernel (pattern-gps, 4 x 16: 2.59 -> 2.45 s per
+    epoch, session 17). Other widths take the scalar path on the complete
+    graphs: cluster-gps (8 x 6) trained at 28.8 s per epoch through it
+    against 2.8 padded (H100, session 18). ``None``: unknown, taken."""
+    if head_dim is None:
+        return True
+    lanes = head_dim // 4
+    return head_dim % 4 == 0 and lanes > 0 and lanes & (lanes - 1) == 0
+
+
 def global_attn_impl(impl: str, backend: str, device: Any,
-                     compiling: bool = False, dropout: float = 0.0) -> str:
+                     compiling: bool = False, dropout: float = 0.0,
+                     head_dim: Optional[int] = None) -> str:
     """``gt.attn_impl`` resolved for ``device``: ``'auto'`` is ``'varlen'``
     on CUDA and ``'fused'`` elsewhere (backend pyg: ``'padded'``);
     ``'varlen'`` needs CUDA. On CUDA ``'auto'`` is not ``'varlen'``
@@ -262,7 +279,8 @@ def global_attn_impl(impl: str, backend: str, device: Any,
       the op (it lacks ``out``; torch 2.11-2.14), so a compiled backward
       through it fails;
     * with attention ``dropout`` in effect (training): ``'fused'`` (our
-      kernels draw the mask and regenerate it in the backward). The
+      kernels draw the mask and regenerate it in the backward) for the
+      head widths :func:`fused_attention_pays` takes, else ``'padded'``. The
       varlen kernel's backward under ``cu_seqlens`` regenerates another
       dropout mask than its forward used (scripts/varlen_dropout_check.py,
       H100, torch 2.11: directional derivative 2.22 vs -4.45 by central
@@ -277,7 +295,9 @@ def global_attn_impl(impl: str, backend: str, device: Any,
             return 'fused'
         if compiling:
             return 'padded'
-        return 'fused' if dropout > 0 else 'varlen'
+        if dropout > 0:
+            return 'fused' if fused_attention_pays(head_dim) else 'padded'
+        return 'varlen'
     if impl == 'varlen' and not cuda:
         raise ConfigError("'gt.attn_impl' varlen runs PyTorch's "
                           "memory-efficient attention kernel, on CUDA only "
@@ -346,7 +366,8 @@ class GPSLayer(nn.Module):
             impl = global_attn_impl(
                 self.attn_impl, self.backend, x.device,
                 torch.compiler.is_compiling(),
-                self.self_attn.dropout if self.training else 0.0)
+                self.self_attn.dropout if self.training else 0.0,
+                self.self_attn.head_dim)
             attn_graph = getattr(data, 'attn_graph', None)
             if impl == 'varlen' and data is not None:
                 h = varlen_attention(self.self_attn, x,

@@ -498,7 +498,8 @@ def make_loaders(cfg: Config, bundle, device: torch.device, model,
     def attention(dropout: float) -> bool:
         return glob == 'Transformer' and global_attn_impl(
             cfg.gt.attn_impl, cfg.backend, device, compiling=compiling,
-            dropout=dropout) == 'fused'
+            dropout=dropout,
+            head_dim=cfg.gt.dim_hidden // cfg.gt.n_heads) == 'fused'
 
     train_loader = DeviceLoader(
         stores['train'], size, shuffle=True, generator=order, pad=pad,
