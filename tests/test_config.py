@@ -140,7 +140,7 @@ def test_attn_impl_resolves_per_device():
     # padded under compile
     assert global_attn_impl('auto', 'dfgnn', 'cuda', dropout=0.5) == 'fused'
     # ... for the head widths of the op's short-owner shapes (pattern-gps
-    # 4 x 16), padded for others (cluster-gps 8 x 6: 10x slower fused)
+    # 4 x 16), padded for others (cluster-gps 8 x 6: 2x slower fused)
     assert global_attn_impl('auto', 'dfgnn', 'cuda', dropout=0.5,
                             head_dim=16) == 'fused'
     for width in (6, 12, 3):

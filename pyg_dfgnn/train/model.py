@@ -260,7 +260,7 @@ def fused_attention_pays(head_dim: Optional[int]) -> bool:
     faster than the padded kernel (pattern-gps, 4 x 16: 2.59 -> 2.45 s per
     epoch, session 17). Other widths take the scalar path on the complete
     graphs: cluster-gps (8 x 6) trained at 28.8 s per epoch through it
-    against 2.8 padded (H100, session 18). ``None``: unknown, taken."""
+    against 14.3 padded (full CLUSTER, H100, session 18). ``None``: unknown, taken."""
     if head_dim is None:
         return True
     lanes = head_dim // 4
