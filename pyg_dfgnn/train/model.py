@@ -256,13 +256,12 @@ def segment_bounds(data: Any) -> Tuple[Tensor, int]:
 def fused_attention_pays(head_dim: Optional[int]) -> bool:
     """Whether our op takes GPS's global attention heads of ``head_dim``
     features on its fp32 vector rows (the runner trains in fp32) with a
-    power-of-two number of lanes per
-    head (4 * 2^k: the short-owner kernels' shapes), where it was measured
-    faster than the padded kernel (pattern-gps, 4 x 16: 2.59 -> 2.45 s per
-    epoch, session 17). Other widths take the scalar path on the complete
-    graphs: cluster-gps (8 x 6) trained at 28.8 s per epoch through it
-    against 14.3 padded (full CLUSTER, H100, session 18). ``None``:
-    unknown, taken."""
+    power-of-two number of lanes per head (4 * 2^k: the short-owner
+    kernels' shapes), where it was measured faster than the padded kernel
+    (pattern-gps, 4 x 16: 2.59 -> 2.45 s per epoch, session 17). Other
+    widths take the scalar path on the complete graphs: cluster-gps (8 x
+    6) trained at 28.8 s per epoch through it against 14.3 padded (full
+    CLUSTER, H100, session 18). ``None``: unknown, taken."""
     if head_dim is None:
         return True
     lanes = head_dim // 4
