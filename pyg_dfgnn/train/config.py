@@ -225,7 +225,8 @@ SCHEMA: Dict[str, Any] = {
                         "'fused' (our op over the block-diagonal complete "
                         "graph), 'padded' (GraphGPS's padded "
                         "nn.MultiheadAttention); 'auto': varlen on CUDA "
-                        "(fused while training with attention dropout, "
+                        "(while training with attention dropout: fused "
+                        "for heads of 4 * 2^k features, else padded; "
                         "padded compiled), fused elsewhere. Backend pyg: "
                         "padded only"),
     },

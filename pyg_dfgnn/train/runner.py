@@ -493,8 +493,9 @@ def make_loaders(cfg: Config, bundle, device: torch.device, model,
         dfgraph=model.local_takes_dfgraph and stores['train'].sorted,
         windows_per_graph=pieces)
     # Batches carry the attention graph where the global attention runs
-    # 'fused': training resolves 'auto' with its attention dropout ('fused'
-    # on CUDA), evaluation without.
+    # 'fused': training resolves 'auto' with its attention dropout (on
+    # CUDA 'fused' for heads of 4 * 2^k features, as the model's layers
+    # resolve it from their own head width), evaluation without.
     def attention(dropout: float) -> bool:
         return glob == 'Transformer' and global_attn_impl(
             cfg.gt.attn_impl, cfg.backend, device, compiling=compiling,
