@@ -26,6 +26,15 @@ SHAPES = False  # --shapes: aten ops with input shapes and callers
 ONCE = False  # --once: one step per row, nothing printed
 SRC_ORDER = False  # --src-order: edges sorted by source
 
+# Rows that split the benchmark's combined row into its features.
+DIAGNOSTIC = {
+    'gatv2-edge': tf.Config('gatv2-edge', 'gatv2', (tf.IN_CHANNELS, 16),
+                            dict(heads=8, edge_dim=tf.EDGE_DIM)),
+    'gatv2-dropout': tf.Config('gatv2-dropout', 'gatv2',
+                               (tf.IN_CHANNELS, 16),
+                               dict(heads=8, dropout=0.2)),
+}
+
 
 def main(rows) -> None:
     dev = torch.device('cuda')
@@ -33,7 +42,7 @@ def main(rows) -> None:
     if SRC_ORDER:
         edge_index = edge_index[:, edge_index[0].argsort(stable=True)]
     for name in rows:
-        cfg = tf.BY_NAME[name]
+        cfg = tf.BY_NAME.get(name) or DIAGNOSTIC[name]
         _, ours = tf.build_pair(cfg, dev, 0)
         x = torch.randn(n, tf.IN_CHANNELS, device=dev, requires_grad=True)
         ea = None if not cfg.edge_dim else torch.randn(

@@ -139,11 +139,12 @@ def test_attn_impl_resolves_per_device():
     # attention dropout in effect: fused (varlen + dropout is refused),
     # padded under compile
     assert global_attn_impl('auto', 'dfgnn', 'cuda', dropout=0.5) == 'fused'
-    # ... for the head widths of the op's short-owner shapes (pattern-gps
-    # 4 x 16), padded for others (cluster-gps 8 x 6: 2x slower fused)
-    assert global_attn_impl('auto', 'dfgnn', 'cuda', dropout=0.5,
-                            head_dim=16) == 'fused'
-    for width in (6, 12, 3):
+    # ... for heads the op pads by at most a third to its vector shapes
+    # (pattern-gps 4 x 16; cluster-gps 8 x 6 -> 8), padded for others
+    for width in (16, 6, 12, 3, 64):
+        assert global_attn_impl('auto', 'dfgnn', 'cuda', dropout=0.5,
+                                head_dim=width) == 'fused'
+    for width in (5, 10, 20, 2):
         assert global_attn_impl('auto', 'dfgnn', 'cuda', dropout=0.5,
                                 head_dim=width) == 'padded'
     assert global_attn_impl('auto', 'dfgnn', 'cpu', dropout=0.5,

@@ -63,18 +63,21 @@ def test_training_step_has_no_host_sync(tmp_path, config, backend, attn_impl,
     assert stats.result()['graphs'] == 24
 
 
+@pytest.mark.parametrize('config', ['pattern-gps', 'cluster-gps'])
 @pytest.mark.parametrize('pad', [False, True])
-def test_global_attention_paths_agree(tmp_path, pad):
+def test_global_attention_paths_agree(tmp_path, pad, config):
     """The global attention's three paths (varlen segments, the fused op on
     the block-diagonal complete graph, GraphGPS's padding) give one output
     on the real nodes and one gradient, on device batches with padding
-    nodes and empty slots (pad) and on the PyG batch's ``ptr`` (varlen)."""
+    nodes and empty slots (pad) and on the PyG batch's ``ptr`` (varlen);
+    cluster-gps's heads of 6 features run the fused op padded to 8."""
     from pyg_dfgnn.train.model import (fused_global_attention,
                                        padded_attention, varlen_attention,
                                        segment_bounds)
     cfg, model, _, batches, _ = setup(
-        tmp_path, 'pattern-gps', 'gt.attn_impl=fused', pad=pad)
+        tmp_path, config, 'gt.attn_impl=fused', pad=pad)
     attn = model.layers[0].self_attn.eval()
+    assert attn.head_dim == {'pattern-gps': 16, 'cluster-gps': 6}[config]
     for batch in batches:
         real = batch.num_real_nodes
         x = torch.randn(batch.num_nodes, attn.embed_dim, device=DEV,

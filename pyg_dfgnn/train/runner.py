@@ -494,7 +494,7 @@ def make_loaders(cfg: Config, bundle, device: torch.device, model,
         windows_per_graph=pieces)
     # Batches carry the attention graph where the global attention runs
     # 'fused': training resolves 'auto' with its attention dropout (on
-    # CUDA 'fused' for heads of 4 * 2^k features, as the model's layers
+    # CUDA 'fused' for heads fused_attention_pays takes, as the layers
     # resolve it from their own head width), evaluation without.
     def attention(dropout: float) -> bool:
         return glob == 'Transformer' and global_attn_impl(
