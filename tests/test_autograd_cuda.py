@@ -181,3 +181,55 @@ def test_public_op_plans_col_windows_for_backward(kind):
     ref_grads = torch.autograd.grad(ref.square().sum(), leaves)
     for a, b in zip(grads, ref_grads):
         assert ((a - b).norm() / b.norm()).item() <= 1e-5
+
+
+@pytest.mark.parametrize('kind', ['dot', 'add', 'gatv2'])
+@pytest.mark.parametrize('dtype,heads,f', [
+    (torch.float32, 8, 6), (torch.float32, 3, 7),
+    (torch.bfloat16, 2, 12), (torch.float16, 4, 6)])
+def test_heads_padded_to_vectors_match_the_reference(kind, dtype, heads, f):
+    """The public op runs heads of a width that is no whole number of
+    16-byte vectors zero-padded to one (cluster-gps's 8 x 6): output,
+    attention weights, dropout's mask and gradients as the reference."""
+    from pyg_dfgnn.ops import fused_attention, kernel_width
+    _cuda()
+    assert kernel_width(f, dtype) > f  # the padded path is what runs
+    graph = _graph(n=90, e=900, seed=3)
+    ins = [t if t is None else t.to(dtype).requires_grad_()
+           for t in _inputs(kind, graph.num_src, heads, f, f, seed=4)]
+    v, q, k, att = ins
+    scale = f**-0.5 if kind == 'dot' else 1.0
+    perm = torch.randperm(graph.num_edges, device='cuda')
+    out, alpha = fused_attention(graph, kind, v, q, k, att, scale=scale,
+                                 return_attention=True, attention_perm=perm)
+    assert out.shape == (graph.num_dst, heads, f) and out.dtype == dtype
+    grad = torch.randn_like(out)
+    leaves = [t for t in ins if t is not None]
+    got = torch.autograd.grad((out, alpha), leaves,
+                              (grad, torch.ones_like(alpha)))
+    ref_in = [t if t is None else t.detach().double().requires_grad_()
+              for t in ins]
+    ref, ref_alpha = fused_attention_reference(graph, kind, *ref_in, scale,
+                                               0.2)
+    ref_alpha = ref_alpha.new_empty(ref_alpha.shape).index_copy(0, perm,
+                                                                ref_alpha)
+    want = torch.autograd.grad(
+        (ref, ref_alpha), [t for t in ref_in if t is not None],
+        (grad.double(), torch.ones_like(ref_alpha)))
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else \
+        dict(rtol=3e-2, atol=3e-2)
+    torch.testing.assert_close(out.double(), ref, **tol)
+    torch.testing.assert_close(alpha.double(), ref_alpha, **tol)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        torch.testing.assert_close(g.double(), w, **tol)
+    # dropout: the mask is per (edge, head), the same as the unpadded
+    # heads' (the scalar rows, called directly)
+    torch.manual_seed(7)
+    a = fused_attention(graph, kind, v, q, k, att, scale=scale, dropout=0.5,
+                        training=True, return_attention=True)[1]
+    torch.manual_seed(7)
+    b = _cuda().fused_attention_cuda(graph, kind, v, q, k, att, scale, 0.2,
+                                     dropout=0.5, attention='after_dropout')[1]
+    assert torch.equal(a == 0, b == 0) and (a == 0).any()
+    torch.testing.assert_close(a.double(), b.double(), **tol)

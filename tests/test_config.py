@@ -139,12 +139,12 @@ def test_attn_impl_resolves_per_device():
     # attention dropout in effect: fused (varlen + dropout is refused),
     # padded under compile
     assert global_attn_impl('auto', 'dfgnn', 'cuda', dropout=0.5) == 'fused'
-    # ... for heads the op pads by at most a third to its vector shapes
-    # (pattern-gps 4 x 16; cluster-gps 8 x 6 -> 8), padded for others
-    for width in (16, 6, 12, 3, 64):
+    # ... for heads the kernels run as 4 * 2^k features (pattern-gps 4 x
+    # 16; cluster-gps 8 x 6, zero-padded to 8), padded for others
+    for width in (16, 6, 3, 7, 64):
         assert global_attn_impl('auto', 'dfgnn', 'cuda', dropout=0.5,
                                 head_dim=width) == 'fused'
-    for width in (5, 10, 20, 2):
+    for width in (5, 10, 12, 20, 2):
         assert global_attn_impl('auto', 'dfgnn', 'cuda', dropout=0.5,
                                 head_dim=width) == 'padded'
     assert global_attn_impl('auto', 'dfgnn', 'cpu', dropout=0.5,

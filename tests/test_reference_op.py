@@ -263,3 +263,13 @@ def test_stale_graph_is_rejected():
     ei[0, 0] = (ei[0, 0] + 1) % 5
     with pytest.raises(ValueError, match='stale'):
         fused_attention(graph, 'dot', **inp)
+
+
+def test_kernel_width_pads_heads_to_vectors_by_at_most_a_third():
+    from pyg_dfgnn.ops import kernel_width
+    f32, bf16 = torch.float32, torch.bfloat16
+    assert [kernel_width(f, f32) for f in (1, 2, 3, 5, 6, 7, 9, 10, 16)] == \
+        [1, 2, 4, 5, 8, 8, 12, 12, 16]
+    assert [kernel_width(f, bf16) for f in (6, 10, 12, 20, 64)] == \
+        [8, 10, 16, 24, 64]
+    assert kernel_width(6, torch.float64) == 6  # (no fp64 kernels)

@@ -108,6 +108,30 @@ def check_inputs(graph: DFGraph, kind: str, value: Tensor, query: Tensor,
         _check_tensor('edge_value', edge_value, (e, heads, f_out), dt, dev)
 
 
+#: elements of one 16-byte vector, the kernels' vector rows
+_VECTOR = {torch.float32: 4, torch.float16: 8, torch.bfloat16: 8}
+
+
+def kernel_width(width: int, dtype: torch.dtype) -> int:
+    """The head width the CUDA kernels run heads of ``width`` features at:
+    zero-padded to a whole number of 16-byte vectors where that widens them
+    by at most a third (the vector rows; unpadded, such heads run the
+    scalar rows: cluster-gps's 8 x 6 heads 2x slower, benchmarks/NOTES.md
+    "Session 19"), else ``width``. Zero columns change no score and give
+    zero output columns."""
+    vw = _VECTOR.get(dtype)
+    if vw is None or width % vw == 0:
+        return width
+    padded = width + (-width % vw)
+    return padded if 3 * padded <= 4 * width else width
+
+
+def _pad_last(t: Optional[Tensor], width: int) -> Optional[Tensor]:
+    if t is None or t.size(-1) == width:
+        return t
+    return torch.nn.functional.pad(t, (0, width - t.size(-1)))
+
+
 _noted = False
 
 
@@ -189,10 +213,23 @@ def fused_attention(
         if return_attention:
             attention = ('after_dropout' if attention_after_dropout else
                          'before_dropout')
-        return _cuda.fused_attention_cuda(
+        f_out = value.size(-1)
+        if edge_key is None and edge_value is None:  # (no [E, H, F] copies)
+            f_pad = kernel_width(f_out, value.dtype)
+            value = _pad_last(value, f_pad)
+            if kind != 'add':
+                d_pad = kernel_width(query.size(-1), value.dtype)
+                query, key = _pad_last(query, d_pad), _pad_last(key, d_pad)
+                att = _pad_last(att, d_pad)
+        result = _cuda.fused_attention_cuda(
             graph, kind, value, query, key, att, scale, negative_slope,
             edge_score=edge_score, edge_key=edge_key, edge_value=edge_value,
             dropout=drop, attention=attention, attention_perm=attention_perm)
+        if value.size(-1) == f_out:
+            return result
+        if return_attention:
+            return result[0][..., :f_out], result[1]
+        return result[..., :f_out]
     if not value.is_cuda:
         _note_reference_path()
     out, alpha = fused_attention_reference(
@@ -207,4 +244,5 @@ def fused_attention(
     return out, alpha
 
 
-__all__ = ['fused_attention', 'fused_attention_reference', 'check_inputs']
+__all__ = ['fused_attention', 'fused_attention_reference', 'check_inputs',
+           'kernel_width']

@@ -226,8 +226,8 @@ SCHEMA: Dict[str, Any] = {
                         "graph), 'padded' (GraphGPS's padded "
                         "nn.MultiheadAttention); 'auto': varlen on CUDA "
                         "(while training with attention dropout: fused "
-                        "for heads padded by at most a third to 4 * 2^k "
-                        "features, else padded; "
+                        "for heads the kernels run as 4 * 2^k features, "
+                        "else padded; "
                         "padded compiled), fused elsewhere. Backend pyg: "
                         "padded only"),
     },

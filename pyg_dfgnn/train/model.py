@@ -25,8 +25,8 @@ module's weights run without padding, as ``gt.attn_impl`` says:
   ``cu_seqlens`` from the batch's graph bounds -- the kernel nested jagged
   SDPA runs, without the nested tensors' host work;
 * ``'fused'`` (``'auto'`` on CUDA while training with attention dropout
-  and heads our op pads by at most a third, and on the CPU): our op, ``'dot'``
-  attention over the block-diagonal complete graph of the batch
+  and heads the kernels run as 4 * 2^k features, and on the CPU): our op,
+  ``'dot'`` attention over the block-diagonal complete graph of the batch
   (``attn_graph`` of the device loader, :mod:`pyg_dfgnn.train.batching`),
   the dropout mask drawn in the kernels;
 * ``'padded'``: GraphGPS's way (``'auto'`` under ``torch.compile``, and
@@ -204,21 +204,15 @@ def fused_global_attention(attn: nn.MultiheadAttention, x: Tensor, graph,
     """``attn`` (its weights, dropout and scaling) as ``'dot'`` fused
     attention over ``graph``, the block-diagonal complete graph of the
     batch: each node attends to the nodes of its graph, as
-    ``nn.MultiheadAttention`` with the padding masked. On CUDA the heads
-    are zero-padded to :func:`fused_head_dim` features (zero columns change
-    no score and give zero output columns): our kernels' vector shapes."""
+    ``nn.MultiheadAttention`` with the padding masked."""
     from pyg_dfgnn.ops import fused_attention
     heads, dim = attn.num_heads, x.size(1)
-    head_dim = dim // heads
     qkv = F.linear(x, attn.in_proj_weight, attn.in_proj_bias)
-    qkv = qkv.view(-1, 3, heads, head_dim)
-    width = fused_head_dim(head_dim) if x.is_cuda else head_dim
-    if width != head_dim:
-        qkv = F.pad(qkv, (0, width - head_dim))
-    q, k, v = qkv.unbind(1)
-    out = fused_attention(graph, 'dot', v, q, k, scale=head_dim**-0.5,
-                          dropout=attn.dropout, training=training)
-    return attn.out_proj(out[..., :head_dim].reshape(-1, dim))
+    q, k, v = qkv.view(-1, 3, heads, dim // heads).unbind(1)
+    out = fused_attention(graph, 'dot', v, q, k,
+                          scale=(dim // heads)**-0.5, dropout=attn.dropout,
+                          training=training)
+    return attn.out_proj(out.reshape(-1, dim))
 
 
 def varlen_attention(attn: nn.MultiheadAttention, x: Tensor, bounds: Tensor,
@@ -259,29 +253,21 @@ def segment_bounds(data: Any) -> Tuple[Tensor, int]:
     return ptr, max(1, int(ptr.diff().max())) if ptr.numel() > 1 else 1
 
 
-def fused_head_dim(head_dim: int) -> int:
-    """The head width our op takes GPS's global attention heads of
-    ``head_dim`` features at: the next 4 * 2^k, the vector rows with a
-    power-of-two number of lanes per head (the short-owner kernels'
-    shapes). Other widths take the scalar path on the complete graphs:
-    cluster-gps (8 x 6) trained at 28.8 s per epoch through it against
-    14.3 padded (full CLUSTER, H100, session 18)."""
-    width = 4
-    while width < head_dim:
-        width *= 2
-    return width
-
-
 def fused_attention_pays(head_dim: Optional[int]) -> bool:
     """Whether our op takes GPS's global attention heads of ``head_dim``
-    features (padded to :func:`fused_head_dim`, in fp32: the runner trains
-    in fp32) where it was measured faster than the padded kernel: heads
-    padded by at most a third (pattern-gps, 4 x 16: 2.59 -> 2.45 s per
-    epoch, session 17; cluster-gps, 8 x 6 -> 8: see benchmarks/NOTES.md,
-    session 19). ``None``: unknown, taken."""
+    features where it was measured faster than the padded kernel: heads
+    the kernels run (:func:`pyg_dfgnn.ops.kernel_width`, fp32: the runner
+    trains in fp32) as vector rows of a power-of-two number of lanes (4 *
+    2^k features: the short-owner kernels' shapes). pattern-gps, 4 x 16:
+    2.59 -> 2.45 s per epoch (session 17); cluster-gps, 8 x 6 run as 8:
+    2.85 -> 2.63 s per epoch on 2,000 graphs (session 19; unpadded, in the
+    scalar rows, 2x slower than padded). ``None``: unknown, taken."""
     if head_dim is None:
         return True
-    return 3 * fused_head_dim(head_dim) <= 4 * head_dim
+    from pyg_dfgnn.ops import kernel_width
+    width = kernel_width(head_dim, torch.float32)
+    lanes = width // 4
+    return width % 4 == 0 and lanes > 0 and lanes & (lanes - 1) == 0
 
 
 def global_attn_impl(impl: str, backend: str, device: Any,
