@@ -124,6 +124,25 @@ inline constexpr const char* kEdgeAttrRowsSchema =
     "Tensor? edge_weight, bool dots, bool sums, bool scatter, "
     "Tensor? loop_pos, Tensor? edge_row) -> (Tensor, Tensor, Tensor)";
 
+// GATv2's edge keys projected from the raw edge attributes
+// (edge_attr_project.cu), the map as edge_attr_rows': forward (grad
+// undefined) K [E, HF] = x_p W^T in CSR order; backward (grad [E, HF])
+// d edge_attr [E_in, De] (rows no edge reads are left unwritten) and
+// d W [HF, De] (float32). Unreturned outputs are empty. Needs
+// De <= kEdgeProjectMaxDim and HF a multiple of 4.
+inline constexpr int kEdgeProjectMaxDim = 16;
+std::tuple<at::Tensor, at::Tensor, at::Tensor> edge_attr_project_cuda(
+    const at::Tensor& rowptr, const c10::optional<at::Tensor>& index,
+    int64_t num_edges, const at::Tensor& edge_attr, int64_t fill,
+    const c10::optional<at::Tensor>& fill_row, const at::Tensor& weight,
+    const c10::optional<at::Tensor>& grad,
+    const c10::optional<at::Tensor>& loop_pos);
+
+inline constexpr const char* kEdgeAttrProjectSchema =
+    "edge_attr_project(Tensor rowptr, Tensor? index, int num_edges, "
+    "Tensor edge_attr, int fill, Tensor? fill_row, Tensor weight, "
+    "Tensor? grad, Tensor? loop_pos) -> (Tensor, Tensor, Tensor)";
+
 // The two ops' schemas (one definition: ops.cpp registers them in
 // pyg_dfgnn, the backward's stand-alone test build in its own namespace).
 inline constexpr const char* kFusedAttentionFwdSchema =

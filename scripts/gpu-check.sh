@@ -11,6 +11,7 @@
 #                                             benchmarks, off by default)
 #   PYTEST_ARGS="-k random_case" ...          (extra pytest arguments)
 #   SANITIZE_SCRIPTS="scripts/sanitize_cases.py" ...  (default: fwd + bwd)
+#   SANITIZE_ARGS="projection" ...             (arguments of the scripts)
 #   SAVE_LIBRARY=1 ... / LIBRARY_GZ=.devlib/kernels-<stamp>.so.gz ...
 #                                             (save the built kernels to $OUT /
 #                                             load them in a later call: the
@@ -99,7 +100,7 @@ sanitize() {
       [ -f "$script" ] || continue
       name="$tool-$(basename "$script" .py)"
       stage "$name" 150 compute-sanitizer --tool "$tool" --error-exitcode 9 \
-        $PY "$script"
+        $PY "$script" ${SANITIZE_ARGS:-}
       grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$LOGS/$name.log" | tail -n 2
     done
   done

@@ -2,12 +2,13 @@
 
     compute-sanitizer --tool memcheck  python scripts/sanitize_features.py
     compute-sanitizer --tool racecheck python scripts/sanitize_features.py
+    ... scripts/sanitize_features.py projection    (the cases of one prefix)
 
 Edge terms of every kind (TransformerConv's shared key-value term too), the
 attention weights with a gradient in a permuted order, and dropout, in SMMF
 (staged batch windows) and PMF (a super node), fp32 and bf16, scalar (F = 17)
 and vector paths; the short-owner kernels with features (forced); the raw
-edge attribute kernels. Cases from
+edge attribute kernels and GATv2's projected edge keys. Cases from
 tests/test_features_cuda.py and tests/test_edge_attr_cuda.py; exits non-zero
 if one is off.
 """
@@ -55,6 +56,12 @@ VECTOR_ROWS = [  # heads, D_e, fill, dtype, shared M: the lane-group
     (8, 16, 'mean', torch.float32, True),
     (4, 128, 'const', torch.bfloat16, True),
     (1, 300, 'mean', torch.float32, True)]
+PROJECTION = [  # GATv2's projected edge keys: fill, graph, dtype, D_e, H * F
+    ('mean', 'super', torch.float32, 16, 128),
+    ('const', 'random', torch.bfloat16, 5, 260),
+    ('none', 'one', torch.float32, 3, 4),
+    ('add', 'empty', torch.float16, 8, 64),
+    ('add', 'random', torch.float32, 12, 36)]
 DROPOUT = [('add', 'smmf', torch.float32), ('dot', 'pmf', torch.bfloat16),
            ('gatv2', 'smmf', torch.float32)]
 
@@ -88,8 +95,14 @@ def main() -> int:
                   'edge_attr vector rows ' + ' '.join(map(str, c)))
                  for c in VECTOR_ROWS] + [
                  (short_case, c,
-                  'short ' + ' '.join(map(str, c))) for c in SHORT]
+                  'short ' + ' '.join(map(str, c))) for c in SHORT] + [
+                 (te.check_projection, c + (i, ),
+                  'projection ' + ' '.join(map(str, c)))
+                 for i, c in enumerate(PROJECTION)]
+    only = sys.argv[1] if len(sys.argv) > 1 else ''  # a name prefix
     for fn, args, name in runs:
+        if not name.startswith(only):
+            continue
         try:
             fn(*args)
             print('ok  ', name, flush=True)

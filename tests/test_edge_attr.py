@@ -120,3 +120,29 @@ def test_shape_errors():
     with pytest.raises(ValueError, match="'edge_attr' must have shape"):
         structure.edge_attr_map(ei, edge_attr[1:])
     assert isinstance(emap, EdgeAttrMap)
+
+
+@pytest.mark.parametrize('fill_value', [None, 'mean', 'add', 0.5])
+def test_projection_reference_is_lin_of_the_filled_rows(fill_value):
+    """edge_attr_project's CPU path: W x_p of the CSR rows PyG forms (the
+    rows reordered, loops filled), with the gradients of that product."""
+    from pyg_dfgnn.nn.conv.utils import clear_graph_cache, resolve_graph
+    from pyg_dfgnn.ops.edge_attr import edge_attr_project
+    clear_graph_cache()
+    g = torch.Generator().manual_seed(0)
+    ei = torch.randint(0, 40, (2, 300), generator=g)
+    ei[:, 0] = 5  # an input self-loop (replaced by the fill)
+    loops = None if fill_value is None else 40
+    structure = resolve_graph(ei, 40, 40, ei.device, loops=loops)
+    x = torch.randn(300, 6, generator=g, requires_grad=True)
+    w = torch.randn(12, 6, generator=g, requires_grad=True)
+    emap = structure.edge_attr_map(ei, x, fill_value)
+    got = edge_attr_project(emap, x, w)
+    want = structure.edge_attr(ei, x, fill_value) @ w.t()
+    torch.testing.assert_close(got, want)
+    gy = torch.randn(got.shape, generator=g)
+    for a, b in zip(torch.autograd.grad(got, (x, w), gy),
+                    torch.autograd.grad(want, (x, w), gy)):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match='weight'):
+        edge_attr_project(emap, x, w[:, :5])

@@ -190,3 +190,129 @@ def test_convs_with_raw_edge_attributes_match_pyg(pyg_name, our_name,
     for a, b in zip(g2, g1):
         assert (a - b).norm().item() <= 5 * tol * max(b.norm().item(),
                                                       1e-3 * scale)
+
+
+# GATv2's edge keys (kernels/edge_attr_project.cu): every fill and graph
+# kind, D_e 1 .. 16 (register bounds 4 / 8 / 16, rows in vectors or not),
+# H * F of one, two and three lane passes (4, 132, 260: idle lanes).
+@pytest.mark.parametrize('fill,kind,dtype', CASES)
+def test_projection_matches_reference(fill, kind, dtype):
+    seed = zlib.crc32(f'project{fill}{kind}{dtype}'.encode())
+    dim, out_dim = random.Random(seed).choice(
+        [(1, 4), (3, 132), (4, 128), (5, 260), (8, 64), (16, 128),
+         (16, 260), (13, 36)])
+    check_projection(fill, kind, dtype, dim, out_dim, seed)
+
+
+@pytest.mark.parametrize('dim,out_dim', [(1, 4), (3, 132), (4, 128),
+                                         (8, 64), (12, 260), (16, 128)])
+@pytest.mark.parametrize('fill', ['mean', 'const', 'none'])
+def test_projection_widths_match_reference(dim, out_dim, fill):
+    seed = zlib.crc32(f'project-width{dim}{out_dim}{fill}'.encode())
+    check_projection(fill, 'super', torch.float32, dim, out_dim, seed)
+
+
+def check_projection(fill, kind, dtype, dim, out_dim, seed):
+    from pyg_dfgnn.ops.edge_attr import csr_edge_attr, edge_attr_project
+    _kernels()
+    clear_graph_cache()
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    ei, n = make_graph(kind, rng)
+    ei = ei.cuda()
+    loops = None if fill == 'none' else n
+    fill_value = {'none': None, 'mean': 'mean', 'add': 'add',
+                  'const': 0.5}[fill]
+    structure = resolve_graph(ei, n, n, ei.device, loops=loops)
+    edge_attr = torch.randn(ei.size(1), dim, generator=gen).to(
+        'cuda', dtype).requires_grad_()
+    weight = torch.randn(out_dim, dim, generator=gen).to(
+        'cuda', dtype).requires_grad_()
+    emap = structure.edge_attr_map(ei, edge_attr, fill_value)
+    x64 = edge_attr.detach().double().requires_grad_()
+    w64 = weight.detach().double().requires_grad_()
+    emap64 = emap if emap.fill_row is None else \
+        type(emap)(**{**emap.__dict__, 'fill_row': emap.fill_row.double()})
+    poison_allocator()
+    key = edge_attr_project(emap, edge_attr, weight)
+    ref = csr_edge_attr(emap64, x64) @ w64.t()
+    assert key.shape == ref.shape == (emap.num_edges, out_dim)
+    assert key.dtype == dtype and torch.isfinite(key).all()
+    assert rel_err(key, ref) <= TOL[dtype]
+    g = torch.randn(key.shape, generator=gen).to(key)
+    got = torch.autograd.grad(key, (edge_attr, weight), g)
+    want = torch.autograd.grad(ref, (x64, w64), g.double(),
+                               allow_unused=True)
+    want = [torch.zeros_like(t) if w is None else w
+            for w, t in zip(want, (x64, w64))]
+    for name, a, b in zip(('edge_attr', 'weight'), got, want):
+        assert a.dtype == dtype and torch.isfinite(a).all(), name
+        assert rel_err(a, b, floor=1e-3) <= 2 * TOL[dtype], name
+    if loops is not None and ei.size(1) > 0:  # the removed input self-loop
+        assert bool((got[0][0] == 0).all())
+
+
+def test_projection_is_deterministic_and_runs_the_kernels():
+    from pyg_dfgnn.ops.edge_attr import edge_attr_project
+    _kernels()
+    ei = torch.randint(0, 300, (2, 5000), device='cuda')
+    structure = resolve_graph(ei, 300, 300, ei.device, loops=300)
+    x = torch.randn(5000, 16, device='cuda', requires_grad=True)
+    w = torch.randn(128, 16, device='cuda', requires_grad=True)
+    emap = structure.edge_attr_map(ei, x, 'mean')
+    runs = []
+    with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(2):
+            k = edge_attr_project(emap, x, w)
+            runs.append((k,) + torch.autograd.grad(k.square().sum(), (x, w)))
+        torch.cuda.synchronize()
+    names = ' '.join(e.key for e in prof.key_averages())
+    assert 'project_fwd_kernel' in names and 'project_bwd_kernel' in names
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize('kwargs', [
+    dict(heads=3, edge_dim=5),  # H * C = 36: the projection kernels
+    dict(heads=2, edge_dim=16, fill_value=0.3, dropout=0.0),
+    dict(heads=2, edge_dim=4, fill_value='add', concat=False),
+    dict(heads=2, edge_dim=3, share_weights=True)])
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
+def test_gatv2_with_projected_edge_keys_matches_pyg(kwargs, dtype):
+    _kernels()
+    import torch_geometric.nn as pyg_nn
+
+    import pyg_dfgnn.nn as df_nn
+    torch.manual_seed(0)
+    n = 150
+    ei = torch.randint(0, n, (2, 1200), device='cuda')
+    ei[:, :4] = 7  # input self-loops (removed)
+    x = torch.randn(n, 24, device='cuda')
+    edge_attr = torch.randn(ei.size(1), kwargs['edge_dim'], device='cuda',
+                            requires_grad=True)
+    ref = pyg_nn.GATv2Conv(24, 12, **kwargs).cuda()
+    ours = df_nn.DFGATv2Conv(24, 12, **kwargs).cuda()
+    ours.load_state_dict(ref.state_dict())
+    outs = []
+    for conv in (ref, ours):
+        with torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            with torch.autocast('cuda', dtype,
+                                enabled=dtype != torch.float32):
+                out, (_, alpha) = conv(x, ei, edge_attr,
+                                       return_attention_weights=True)
+            g = torch.autograd.grad(out.float().square().sum(),
+                                    [edge_attr] + list(conv.parameters()))
+            torch.cuda.synchronize()
+        outs.append((out, alpha, g))
+    names = ' '.join(e.key for e in prof.key_averages())
+    assert 'project_fwd_kernel' in names and 'project_bwd_kernel' in names
+    tol = 2e-5 if dtype == torch.float32 else 3e-2
+    (o1, a1, g1), (o2, a2, g2) = outs
+    assert rel_err(o2, o1) <= tol
+    assert rel_err(a2, a1) <= tol
+    scale = max(b.norm().item() for b in g1)
+    for a, b in zip(g2, g1):
+        assert (a - b).norm().item() <= 5 * tol * max(b.norm().item(),
+                                                      1e-3 * scale)

@@ -122,6 +122,17 @@ def _edge_rows_fake(rowptr, index, num_edges, edge_attr, fill, fill_row,
             edge_attr.new_empty((edge_attr.shape[0] if scatter else 0, dim)))
 
 
+def _edge_project_fake(rowptr, index, num_edges, edge_attr, fill, fill_row,
+                       weight, grad, loop_pos):
+    out_dim, dim = weight.shape
+    backward = grad is not None
+    return (edge_attr.new_empty((0 if backward else num_edges, out_dim)),
+            edge_attr.new_empty((edge_attr.shape[0] if backward else 0,
+                                 dim)),
+            edge_attr.new_empty((out_dim if backward else 0, dim),
+                                dtype=torch.float32))
+
+
 def _register() -> None:
     """Fake impls of the C++ ops (once)."""
     global _registered, _op
@@ -131,6 +142,8 @@ def _register() -> None:
     torch.library.register_fake('pyg_dfgnn::fused_attention_bwd')(_bwd_fake)
     torch.library.register_fake('pyg_dfgnn::fused_attention')(_fused_fake)
     torch.library.register_fake('pyg_dfgnn::edge_attr_rows')(_edge_rows_fake)
+    torch.library.register_fake('pyg_dfgnn::edge_attr_project')(
+        _edge_project_fake)
     _op = torch.ops.pyg_dfgnn.fused_attention.default
     _registered = True
 

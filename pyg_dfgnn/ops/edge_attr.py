@@ -34,6 +34,8 @@ from pyg_dfgnn.ops import cuda as _cuda
 
 #: kernel limits (kernels/ops.h): heads and heads * edge_dim
 MAX_HEADS, MAX_HEADS_X_DIM = 16, 512
+#: edge_attr_project's kernel limit (kernels/ops.h: kEdgeProjectMaxDim)
+MAX_PROJECT_DIM = 16
 FILL_IDS = {'none': 0, 'mean': 1, 'sum': 2, 'const': 3}
 
 
@@ -245,6 +247,61 @@ def edge_attr_sums(emap: EdgeAttrMap, edge_attr: Tensor,
     return edge_attr_sums_reference(emap, edge_attr, edge_weight)
 
 
+class _EdgeAttrProject(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, edge_attr: Tensor, weight: Tensor,
+                emap: EdgeAttrMap) -> Tensor:
+        ctx.emap = emap
+        ctx.save_for_backward(edge_attr, weight)
+        return _project_op(emap, edge_attr, weight, None)[0]
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        edge_attr, weight = ctx.saved_tensors
+        # d x_p = W^T (dK_p + the loop's handed share), d W = sum_p dK_p x_p
+        _, g_x, g_w = _project_op(ctx.emap, edge_attr, weight,
+                                  grad.to(edge_attr.dtype).contiguous())
+        return g_x, g_w.to(weight.dtype), None
+
+
+def _project_op(emap: EdgeAttrMap, edge_attr: Tensor, weight: Tensor,
+                grad: Optional[Tensor]):
+    out = torch.ops.pyg_dfgnn.edge_attr_project(
+        emap.rowptr, emap.index, emap.num_edges, edge_attr,
+        FILL_IDS[emap.fill], emap.fill_row, weight, grad, emap.loop_pos)
+    if grad is not None and emap.unused_rows:
+        out[1].index_fill_(0, emap.unused_index, 0)
+    return out
+
+
+def edge_attr_project(emap: EdgeAttrMap, edge_attr: Tensor,
+                      weight: Tensor) -> Tensor:
+    r""":math:`\mathbf{K}_p = \mathbf{W} \mathbf{x}_p` [E, H * F] for every
+    CSR edge ``p`` (a bias-free ``Linear`` of the edge attributes with
+    ``weight`` [H * F, D_e], loops filled: GATv2's edge term), in CSR
+    order. On CUDA (D_e <= :obj:`MAX_PROJECT_DIM`, H * F a multiple of 4)
+    one kernel reads the user's ``edge_attr`` through the map and writes
+    K; its backward forms d ``edge_attr`` and d ``weight`` in one pass
+    over dK, instead of a reorder, a sparse product for the loops and
+    three [E, H * F] GEMMs."""
+    if edge_attr.dim() != 2 or edge_attr.size(0) != emap.num_input:
+        raise ValueError(f"'edge_attr' must have shape [{emap.num_input}, "
+                         f"edge_dim] (got {list(edge_attr.shape)})")
+    if weight.dim() != 2 or weight.size(1) != edge_attr.size(1):
+        raise ValueError(f"'weight' must have shape [H * F, "
+                         f"{edge_attr.size(1)}] (got {list(weight.shape)})")
+    if project_supported(weight.size(0), edge_attr.size(1)) and \
+            _use_kernels(edge_attr) and weight.dtype == edge_attr.dtype:
+        return _EdgeAttrProject.apply(edge_attr, weight.contiguous(), emap)
+    return csr_edge_attr(emap, edge_attr) @ weight.t()
+
+
+def project_supported(out_dim: int, edge_dim: int) -> bool:
+    """Whether the projection kernels take [``out_dim``, ``edge_dim``]
+    weights."""
+    return 1 <= edge_dim <= MAX_PROJECT_DIM and out_dim % 4 == 0
+
+
 def _check(emap: EdgeAttrMap, edge_attr: Tensor, heads: int) -> None:
     if edge_attr.dim() != 2 or edge_attr.size(0) != emap.num_input:
         raise ValueError(f"'edge_attr' must have shape [{emap.num_input}, "
@@ -255,5 +312,6 @@ def _check(emap: EdgeAttrMap, edge_attr: Tensor, heads: int) -> None:
                          f"(got {heads} x {edge_attr.size(1)})")
 
 
-__all__ = ['EdgeAttrMap', 'edge_attr_dots', 'edge_attr_sums', 'supported',
+__all__ = ['EdgeAttrMap', 'edge_attr_dots', 'edge_attr_sums',
+           'edge_attr_project', 'supported', 'project_supported',
            'csr_edge_attr']

@@ -4,7 +4,10 @@ import torch
 from torch import Tensor
 from torch.nn import Parameter
 from torch_geometric.nn.conv import MessagePassing
-from torch_geometric.nn.dense.linear import Linear
+from torch_geometric.nn.dense.linear import (
+    Linear,
+    is_uninitialized_parameter,
+)
 from torch_geometric.nn.inits import glorot, zeros
 
 from pyg_dfgnn.nn.conv.utils import (
@@ -20,6 +23,7 @@ from pyg_dfgnn.nn.conv.utils import (
     split_node_features,
 )
 from pyg_dfgnn.ops import fused_attention
+from pyg_dfgnn.ops.edge_attr import edge_attr_project, project_supported
 
 
 class DFGATv2Conv(MessagePassing):
@@ -240,9 +244,7 @@ class DFGATv2Conv(MessagePassing):
                 raise ValueError(f"'edge_attr' was given but "
                                  f"'{self.__class__.__name__}' was built "
                                  f"without 'edge_dim'")
-            edge_attr = structure.edge_attr(edge_index, edge_attr,
-                                            self.fill_value)
-            edge_key = self.lin_edge(edge_attr).view(-1, H, C)
+            edge_key = self._edge_key(structure, edge_index, edge_attr)
 
         att = self.att.view(H, C)
         dtype = op_dtype(x_l, x_r, att, edge_key)
@@ -267,6 +269,26 @@ class DFGATv2Conv(MessagePassing):
         if return_attention_weights:
             return out, attention_weights(structure, edge_index, alpha)
         return out
+
+    def _edge_key(self, structure: Any, adj: Any,
+                  edge_attr: Tensor) -> Tensor:
+        """lin_edge(e_ij) [E, H, C] in CSR order, loops filled."""
+        H, C = self.heads, self.out_channels
+        if isinstance(edge_attr, Tensor) and edge_attr.dim() == 1:
+            edge_attr = edge_attr.view(-1, 1)
+        weight = self.lin_edge.weight
+        if edge_attr.is_cuda and \
+                not is_uninitialized_parameter(weight) and \
+                project_supported(weight.size(0), weight.size(1)):
+            emap = structure.edge_attr_map(adj, edge_attr, self.fill_value)
+            if emap is not None:  # one kernel from the user's edge_attr
+                dtype = (torch.get_autocast_dtype('cuda')
+                         if torch.is_autocast_enabled('cuda') else
+                         torch.promote_types(edge_attr.dtype, weight.dtype))
+                return edge_attr_project(emap, edge_attr.to(dtype),
+                                         weight.to(dtype)).view(-1, H, C)
+        edge_attr = structure.edge_attr(adj, edge_attr, self.fill_value)
+        return self.lin_edge(edge_attr).view(-1, H, C)
 
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}({self.in_channels}, '
