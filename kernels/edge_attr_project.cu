@@ -14,8 +14,9 @@
 // flight), then read back as broadcasts. Loops by linearity: the mean /
 // sum of the row's other outputs, W fill_row for a constant; the backward
 // hands a loop's gradient to the row's other edges (share), so no loop row
-// is ever formed. The backward's d x of an edge is a sum over the lanes (a
-// transposing reduction: De - 1 + log2(32 / De) shuffles), its d W per-warp
+// is ever formed. The backward's lanes each hold a block of columns x 4
+// k's (W and d W in registers); an edge's d x is their sum over the column
+// blocks (a transposing reduction, 4 - 5 shuffles), its d W per-warp
 // partials summed afterwards: no atomics, deterministic.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -179,39 +180,43 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// p ? a : b as one select instruction (a conditional between two elements
-// of a register array otherwise becomes an indexed local-memory access)
-__device__ __forceinline__ float select(bool p, float a, float b) {
-  float r;
-  asm("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %3, 0;\n\t"
-      "selp.f32 %0, %1, %2, q;\n\t}"
-      : "=f"(r)
-      : "f"(a), "f"(b), "r"((int)p));
-  return r;
+// p ? a : b on the bits (one LOP3): a conditional between two elements of
+// a register array otherwise becomes an indexed local-memory access.
+__device__ __forceinline__ float select(int mask, float a, float b) {
+  return __int_as_float((__float_as_int(a) & mask) |
+                        (__float_as_int(b) & ~mask));
 }
 
-// v[k] summed over the warp's lanes, transposed: lane l returns the sum of
-// k = (l >> (5 - log2 DE)) & (DE - 1). Each step halves the values a lane
-// holds (the lanes with bit m set keep the upper half), then the lanes
-// holding the same k add up.
+// The backward's lanes: KG = DE / 4 groups of 4 k's, CG = 32 / KG column
+// groups of CPL = kSlot / CG columns; lane = cg * KG + kg. A lane's d x
+// part is 4 values (its k's) summed over its CPL columns, then over the CG
+// lanes of its k group: 3 + log2(CG / 8) shuffles per edge instead of one
+// per k and lane.
 template <int DE>
-__device__ __forceinline__ float transpose_sum(float (&v)[DE], int lane) {
-  constexpr int kLog = log2_of<DE>();
+struct BwdLanes {
+  static constexpr int KG = DE / 4, CG = kWarpSize / KG, CPL = kSlot / CG;
+  static constexpr int kLogKG = log2_of<KG>();
+};
+
+// d[0..3] of this lane summed over its k group's CG lanes, transposed:
+// the lane ends with k = 4 kg + 2 bit4 + bit3 (the lanes with bits
+// kLogKG .. 2 clear write it).
+template <int DE>
+__device__ __forceinline__ float group_transpose_sum(float (&d)[4],
+                                                     int lane) {
+  using L = BwdLanes<DE>;
+  const int up16 = -((lane >> 4) & 1), up8 = -((lane >> 3) & 1);
 #pragma unroll
-  for (int j = 0; j < kLog; ++j) {
-    const int m = 16 >> j, half = DE >> (j + 1);
-    const bool upper = (lane & m) != 0;
-#pragma unroll
-    for (int i = 0; i < half; ++i) {
-      const float send = select(upper, v[i], v[i + half]);
-      const float keep = select(upper, v[i + half], v[i]);
-      v[i] = keep + __shfl_xor_sync(kFullMask, send, m);
-    }
+  for (int i = 0; i < 2; ++i) {  // m = 16: keep the half of bit 4
+    const float send = select(up16, d[i], d[i + 2]);
+    const float keep = select(up16, d[i + 2], d[i]);
+    d[i] = keep + __shfl_xor_sync(kFullMask, send, 16);
   }
-  float s = v[0];
+  const float send = select(up8, d[0], d[1]);
+  const float keep = select(up8, d[1], d[0]);
+  float s = keep + __shfl_xor_sync(kFullMask, send, 8);
 #pragma unroll
-  for (int m = 16 >> kLog; m >= 1; m >>= 1)
-    s += __shfl_xor_sync(kFullMask, s, m);
+  for (int m = 4; m >= L::KG; m >>= 1) s += __shfl_xor_sync(kFullMask, s, m);
   return s;
 }
 
@@ -220,7 +225,8 @@ template <typename T, int DE>
 __global__ void __launch_bounds__(kThreads, 1)
     project_bwd_kernel(Args<T> a) {
   static_assert(DE % 4 == 0, "DE: a multiple of 4");
-  constexpr int kLog = log2_of<DE>();
+  using L = BwdLanes<DE>;
+  constexpr int CPL = L::CPL, NV = CPL / 4;  // columns, 4-vectors per lane
   __shared__ __align__(16) float s_x[kWarps][kChunk][DE];
   __shared__ float s_fill[DE];
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
@@ -231,82 +237,111 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   const int64_t gwarp = (int64_t)blockIdx.x * kWarps + warp;
   const int64_t warps = (int64_t)gridDim.x * kWarps;
-  // this lane's k of the transposed d x, and whether it writes it
-  const int my_k = (lane >> (5 - kLog)) & (DE - 1);
-  const bool writer = (lane & ((kWarpSize / DE) - 1)) == 0 && my_k < a.De;
+  const int kg = lane % L::KG, cg = lane / L::KG, k0 = kg * 4;
+  // the k of this lane's transposed d x, and whether it writes it
+  const int my_k = k0 + 2 * ((lane >> 4) & 1) + ((lane >> 3) & 1);
+  const bool writer =
+      ((lane >> L::kLogKG) & ((8 / L::KG) - 1)) == 0 && my_k < a.De;
   for (int c_base = 0; c_base < a.HF; c_base += kSlot) {
-    const int c0 = c_base + lane * kCols;
-    const bool on = c0 < a.HF;
-    float wv[DE][kCols], dw[DE][kCols];
-    load_w<T, DE>(a, c0, wv);
+    const int c0 = c_base + cg * CPL;
+    float wv[CPL][4], dw[CPL][4];
 #pragma unroll
-    for (int k = 0; k < DE; ++k)
+    for (int j = 0; j < CPL; ++j)
 #pragma unroll
-      for (int i = 0; i < kCols; ++i) dw[k][i] = 0.f;
+      for (int i = 0; i < 4; ++i) {
+        wv[j][i] = c0 + j < a.HF && k0 + i < a.De
+                       ? to_float(a.w[(int64_t)(c0 + j) * a.De + k0 + i])
+                       : 0.f;
+        dw[j][i] = 0.f;
+      }
+    // this lane's columns of an edge's gradient row (zeros past HF)
+    auto load_g = [&](int64_t p, float (&g)[CPL]) {
+#pragma unroll
+      for (int v = 0; v < NV; ++v) {
+        float t[4] = {0.f, 0.f, 0.f, 0.f};
+        if (c0 + 4 * v < a.HF)
+          load_vec<T, 4>(a.grad + p * a.HF + c0 + 4 * v, t);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) g[4 * v + i] = t[i];
+      }
+    };
     for (int64_t row = gwarp; row < a.n_rows; row += warps) {
       const int64_t lo = a.rowptr[row], hi = a.rowptr[row + 1];
       const int64_t loop_p = a.fill != 0 ? a.loop_pos[row] : -1;
-      // the loop's gradient: handed to the others (fill 1 / 2), or its
-      // d W with the constant row (fill 3)
-      float h[kCols] = {0.f, 0.f, 0.f, 0.f};
-      if (loop_p >= 0 && on) {
-        float gl[kCols];
-        load_vec<T, kCols>(a.grad + loop_p * a.HF + c0, gl);
-        if (a.fill == 3) {
+      // The loop's gradient h: fill 1 / 2 hand share * h to each other
+      // edge: W^T h added to every d x_p (dh, formed once) and
+      // h (x) sum_p x_p to d W (xs, at the row's end).
+      const bool handed = loop_p >= 0 && (a.fill == 1 || a.fill == 2);
+      const float share = loop_share(a.fill, hi - lo - 1);
+      float dh = 0.f;
+      if (handed) {
+        float h[CPL];
+        load_g(loop_p, h);
+        float d[4];
 #pragma unroll
-          for (int k = 0; k < DE; ++k)
+        for (int i = 0; i < 4; ++i) {
+          d[i] = 0.f;
 #pragma unroll
-            for (int i = 0; i < kCols; ++i)
-              dw[k][i] = fmaf(gl[i], s_fill[k], dw[k][i]);
-        } else {
-          const float share = loop_share(a.fill, hi - lo - 1);
-#pragma unroll
-          for (int i = 0; i < kCols; ++i) h[i] = gl[i] * share;
+          for (int j = 0; j < CPL; ++j) d[i] = fmaf(wv[j][i], h[j], d[i]);
         }
+        dh = group_transpose_sum<DE>(d, lane) * share;
       }
+      float xs[4] = {0.f, 0.f, 0.f, 0.f};
       for (int64_t cb = lo; cb < hi; cb += kChunk) {
         const int n = (int)(hi - cb < kChunk ? hi - cb : kChunk);
         __syncwarp();
         const int64_t my_r = stage_chunk<T, DE>(a, cb, n, lane, s_x[warp]);
         // the next edge's gradient loaded while this one is worked on
-        float g_next[kCols] = {0.f, 0.f, 0.f, 0.f};
-        if (on) load_vec<T, kCols>(a.grad + cb * a.HF + c0, g_next);
+        float g_next[CPL];
+        load_g(cb, g_next);
         for (int e = 0; e < n; ++e) {
-          float g[kCols];
+          float g[CPL];
 #pragma unroll
-          for (int i = 0; i < kCols; ++i) g[i] = g_next[i] + h[i];
-          if (on && e + 1 < n)
-            load_vec<T, kCols>(a.grad + (cb + e + 1) * a.HF + c0, g_next);
+          for (int j = 0; j < CPL; ++j) g[j] = g_next[j];
+          if (e + 1 < n) load_g(cb + e + 1, g_next);
           const int64_t r = __shfl_sync(kFullMask, (long long)my_r, e);
           if (r >= a.n_in) continue;  // the loop (handed above)
-          float xv[DE];
-          load_x<T, DE>(s_x[warp][e], xv);
-          float d[DE];
+          float x4[4];
+          load_smem<4>(&s_x[warp][e][k0], x4);
+          float d[4];
 #pragma unroll
-          for (int k = 0; k < DE; ++k) {
-            d[k] = 0.f;
+          for (int i = 0; i < 4; ++i) {
+            d[i] = 0.f;
+            xs[i] += x4[i];
 #pragma unroll
-            for (int i = 0; i < kCols; ++i) {
-              dw[k][i] = fmaf(g[i], xv[k], dw[k][i]);
-              d[k] = fmaf(wv[k][i], g[i], d[k]);
+            for (int j = 0; j < CPL; ++j) {
+              dw[j][i] = fmaf(g[j], x4[i], dw[j][i]);
+              d[i] = fmaf(wv[j][i], g[j], d[i]);
             }
           }
-          const float dx = transpose_sum<DE>(d, lane);
+          const float dx = group_transpose_sum<DE>(d, lane) + dh;
           if (writer) {
             T* gx = a.grad_x + r * a.De + my_k;
             *gx = from_float<T>(c_base == 0 ? dx : to_float(*gx) + dx);
           }
         }
       }
-    }
-    if (on) {  // this warp's d W cells of the pass's columns
+      if (loop_p >= 0 && (handed || a.fill == 3)) {
+        // d W of the loop: share * h (x) sum_p x_p, or h (x) fill_row
+        float h[CPL];
+        load_g(loop_p, h);
+        float xl[4];
 #pragma unroll
-      for (int i = 0; i < kCols; ++i)
+        for (int i = 0; i < 4; ++i)
+          xl[i] = a.fill == 3 ? s_fill[k0 + i] : xs[i] * share;
 #pragma unroll
-        for (int k = 0; k < DE; ++k)
-          if (k < a.De)
-            a.grad_w[(gwarp * a.HF + c0 + i) * a.De + k] = dw[k][i];
+        for (int j = 0; j < CPL; ++j)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) dw[j][i] = fmaf(h[j], xl[i], dw[j][i]);
+      }
     }
+    // this warp's d W cells of the pass's columns
+#pragma unroll
+    for (int j = 0; j < CPL; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        if (c0 + j < a.HF && k0 + i < a.De)
+          a.grad_w[(gwarp * a.HF + c0 + j) * a.De + k0 + i] = dw[j][i];
   }
 }
 
