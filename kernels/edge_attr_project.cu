@@ -220,7 +220,15 @@ __device__ __forceinline__ float group_transpose_sum(float (&d)[4],
   return s;
 }
 
-// (one block per SM: the W slice and the d W cells in registers)
+// The 128-byte line at p into L2 ahead of its use (no register holds it).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+// (one block per SM: the W slice and the d W cells in registers; the
+// gradient rows prefetched kAhead edges ahead into L2, as registers for
+// more loads in flight are not left)
+constexpr int kAhead = 8;
 template <typename T, int DE>
 __global__ void __launch_bounds__(kThreads, 1)
     project_bwd_kernel(Args<T> a) {
@@ -287,6 +295,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         dh = group_transpose_sum<DE>(d, lane) * share;
       }
       float xs[4] = {0.f, 0.f, 0.f, 0.f};
+      // the pass's columns of a gradient row: kLines 128-byte lines
+      // (only lines inside the row: a prefetch past the tensor is no
+      // load the sanitizer would let pass)
+      const int kLines = (kSlot * (int)sizeof(T) + 127) / 128;
+      const int kLineElems = 128 / (int)sizeof(T);
+      const T* g_pass = a.grad + c_base;
+      if (lane < kAhead * kLines && lo + lane / kLines < hi &&
+          c_base + (lane % kLines) * kLineElems < a.HF)
+        prefetch_l2(g_pass + (lo + lane / kLines) * a.HF +
+                    (lane % kLines) * kLineElems);
       for (int64_t cb = lo; cb < hi; cb += kChunk) {
         const int n = (int)(hi - cb < kChunk ? hi - cb : kChunk);
         __syncwarp();
@@ -299,6 +317,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int j = 0; j < CPL; ++j) g[j] = g_next[j];
           if (e + 1 < n) load_g(cb + e + 1, g_next);
+          if (lane < kLines && cb + e + kAhead < hi &&
+              c_base + lane * kLineElems < a.HF)
+            prefetch_l2(g_pass + (cb + e + kAhead) * a.HF +
+                        lane * kLineElems);
           const int64_t r = __shfl_sync(kFullMask, (long long)my_r, e);
           if (r >= a.n_in) continue;  // the loop (handed above)
           float x4[4];

@@ -266,9 +266,12 @@ class _EdgeAttrProject(torch.autograd.Function):
 
 def _project_op(emap: EdgeAttrMap, edge_attr: Tensor, weight: Tensor,
                 grad: Optional[Tensor]):
+    fill_row = emap.fill_row  # (made in the user's dtype; autocast casts)
+    if fill_row is not None:
+        fill_row = fill_row.to(edge_attr.dtype)
     out = torch.ops.pyg_dfgnn.edge_attr_project(
         emap.rowptr, emap.index, emap.num_edges, edge_attr,
-        FILL_IDS[emap.fill], emap.fill_row, weight, grad, emap.loop_pos)
+        FILL_IDS[emap.fill], fill_row, weight, grad, emap.loop_pos)
     if grad is not None and emap.unused_rows:
         out[1].index_fill_(0, emap.unused_index, 0)
     return out
