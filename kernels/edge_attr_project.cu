@@ -118,18 +118,25 @@ __device__ __forceinline__ float loop_share(int fill, int64_t count) {
   return fill == 1 ? (count > 0 ? 1.f / (float)count : 0.f) : 1.f;
 }
 
+// fill 3's row into the block's s_fill (zeros past De or without it).
+template <typename T, int DE>
+__device__ __forceinline__ void stage_fill_row(const Args<T>& a,
+                                               float* s_fill) {
+  if (threadIdx.x < DE)
+    s_fill[threadIdx.x] = a.fill == 3 && (int)threadIdx.x < a.De
+                              ? to_float(a.fill_row[threadIdx.x])
+                              : 0.f;
+  __syncthreads();
+}
+
 template <typename T, int DE>
 __global__ void __launch_bounds__(kThreads)
     project_fwd_kernel(Args<T> a) {
   static_assert(DE % 4 == 0, "DE: a multiple of 4");
   __shared__ __align__(16) float s_x[kWarps][kChunk][DE];
   __shared__ float s_fill[DE];
+  stage_fill_row<T, DE>(a, s_fill);
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  if (threadIdx.x < DE)
-    s_fill[threadIdx.x] = a.fill == 3 && (int)threadIdx.x < a.De
-                              ? to_float(a.fill_row[threadIdx.x])
-                              : 0.f;
-  __syncthreads();
   const int64_t warps = (int64_t)gridDim.x * kWarps;
   for (int c_base = 0; c_base < a.HF; c_base += kSlot) {
     const int c0 = c_base + lane * kCols;
@@ -237,12 +244,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int CPL = L::CPL, NV = CPL / 4;  // columns, 4-vectors per lane
   __shared__ __align__(16) float s_x[kWarps][kChunk][DE];
   __shared__ float s_fill[DE];
+  stage_fill_row<T, DE>(a, s_fill);
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  if (threadIdx.x < DE)
-    s_fill[threadIdx.x] = a.fill == 3 && (int)threadIdx.x < a.De
-                              ? to_float(a.fill_row[threadIdx.x])
-                              : 0.f;
-  __syncthreads();
   const int64_t gwarp = (int64_t)blockIdx.x * kWarps + warp;
   const int64_t warps = (int64_t)gridDim.x * kWarps;
   const int kg = lane % L::KG, cg = lane / L::KG, k0 = kg * 4;

@@ -74,7 +74,9 @@ def test_vector_rows_match_reference(heads, dim, fill, dtype, shared):
     check_dots_and_sums(fill, 'super', dtype, shared, heads, dim, seed)
 
 
-def check_dots_and_sums(fill, kind, dtype, shared, heads, dim, seed):
+def map_case(fill, kind, seed):
+    """A graph of ``kind`` on the GPU with the loops ``fill`` asks for, its
+    structure, and a generator for the case's tensors."""
     _kernels()
     clear_graph_cache()
     rng = random.Random(seed)
@@ -85,6 +87,11 @@ def check_dots_and_sums(fill, kind, dtype, shared, heads, dim, seed):
     fill_value = {'none': None, 'mean': 'mean', 'add': 'add',
                   'const': 0.5}[fill]
     structure = resolve_graph(ei, n, n, ei.device, loops=loops)
+    return ei, n, loops, fill_value, structure, gen
+
+
+def check_dots_and_sums(fill, kind, dtype, shared, heads, dim, seed):
+    ei, n, loops, fill_value, structure, gen = map_case(fill, kind, seed)
     e_in = ei.size(1)
 
     def rnd(*shape):
@@ -214,16 +221,7 @@ def test_projection_widths_match_reference(dim, out_dim, fill):
 
 def check_projection(fill, kind, dtype, dim, out_dim, seed):
     from pyg_dfgnn.ops.edge_attr import csr_edge_attr, edge_attr_project
-    _kernels()
-    clear_graph_cache()
-    rng = random.Random(seed)
-    gen = torch.Generator().manual_seed(seed)
-    ei, n = make_graph(kind, rng)
-    ei = ei.cuda()
-    loops = None if fill == 'none' else n
-    fill_value = {'none': None, 'mean': 'mean', 'add': 'add',
-                  'const': 0.5}[fill]
-    structure = resolve_graph(ei, n, n, ei.device, loops=loops)
+    ei, _, loops, fill_value, structure, gen = map_case(fill, kind, seed)
     edge_attr = torch.randn(ei.size(1), dim, generator=gen).to(
         'cuda', dtype).requires_grad_()
     weight = torch.randn(out_dim, dim, generator=gen).to(
