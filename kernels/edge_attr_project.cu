@@ -195,17 +195,13 @@ __device__ __forceinline__ float select(int mask, float a, float b) {
 }
 
 // The backward's lanes: KG = DE / 4 groups of 4 k's, CG = 32 / KG column
-// groups of CPL = SLOT / CG columns (a pass of SLOT columns); lane = cg *
-// KG + kg. A lane's d x part is 4 values (its k's) summed over its CPL
-// columns, then over the CG lanes of its k group: 3 + log2(CG / 8)
-// shuffles per edge instead of one per k and lane. Passes of 64 columns
-// (DE >= 8) keep W's slice and the d W cells at 8 x 4 registers each: two
-// blocks per SM, twice the loads in flight of 128-column passes (one
-// block of 226 registers: 2.40 against 1.xx ms, NOTES.md "Session 19").
+// groups of CPL = kSlot / CG columns; lane = cg * KG + kg. A lane's d x
+// part is 4 values (its k's) summed over its CPL columns, then over the CG
+// lanes of its k group: 3 + log2(CG / 8) shuffles per edge instead of one
+// per k and lane.
 template <int DE>
 struct BwdLanes {
-  static constexpr int KG = DE / 4, CG = kWarpSize / KG;
-  static constexpr int SLOT = DE >= 8 ? 64 : kSlot, CPL = SLOT / CG;
+  static constexpr int KG = DE / 4, CG = kWarpSize / KG, CPL = kSlot / CG;
   static constexpr int kLogKG = log2_of<KG>();
 };
 
@@ -236,11 +232,12 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
-// (two blocks per SM: the W slice and the d W cells in registers; the
-// gradient rows prefetched kAhead edges ahead into L2)
+// (one block per SM: the W slice and the d W cells in registers; the
+// gradient rows prefetched kAhead edges ahead into L2, as registers for
+// more loads in flight are not left)
 constexpr int kAhead = 8;
 template <typename T, int DE>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads, 1)
     project_bwd_kernel(Args<T> a) {
   static_assert(DE % 4 == 0, "DE: a multiple of 4");
   using L = BwdLanes<DE>;
@@ -256,7 +253,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int my_k = k0 + 2 * ((lane >> 4) & 1) + ((lane >> 3) & 1);
   const bool writer =
       ((lane >> L::kLogKG) & ((8 / L::KG) - 1)) == 0 && my_k < a.De;
-  for (int c_base = 0; c_base < a.HF; c_base += L::SLOT) {
+  for (int c_base = 0; c_base < a.HF; c_base += kSlot) {
     const int c0 = c_base + cg * CPL;
     float wv[CPL][4], dw[CPL][4];
 #pragma unroll
@@ -304,7 +301,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       // the pass's columns of a gradient row: kLines 128-byte lines
       // (only lines inside the row: a prefetch past the tensor is no
       // load the sanitizer would let pass)
-      const int kLines = (L::SLOT * (int)sizeof(T) + 127) / 128;
+      const int kLines = (kSlot * (int)sizeof(T) + 127) / 128;
       const int kLineElems = 128 / (int)sizeof(T);
       const T* g_pass = a.grad + c_base;
       if (lane < kAhead * kLines && lo + lane / kLines < hi &&
@@ -462,9 +459,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> edge_attr_project_cuda(
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const int64_t row_blocks =
       (n_rows + edge_project::kWarps - 1) / edge_project::kWarps;
-  // forward: a few blocks per SM walk the rows; backward: two (registers)
+  // forward: a few blocks per SM walk the rows; backward: one (registers)
   const unsigned blocks = (unsigned)std::max<int64_t>(
-      1, std::min<int64_t>(row_blocks, (backward ? 2 : 4) * (int64_t)sms));
+      1, std::min<int64_t>(row_blocks, (backward ? 1 : 4) * (int64_t)sms));
   at::Tensor partial = at::empty(
       {backward ? (int64_t)blocks * edge_project::kWarps : 0, HF, De},
       opts.dtype(at::kFloat));
