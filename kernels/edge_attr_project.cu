@@ -16,7 +16,7 @@
 // hands a loop's gradient to the row's other edges (share), so no loop row
 // is ever formed. The backward's lanes each hold a block of columns x 4
 // k's (W and d W in registers); an edge's d x is their sum over the column
-// blocks (a transposing reduction, 4 - 5 shuffles), its d W per-warp
+// blocks (a transposing reduction, 4 - 6 shuffles), its d W per-warp
 // partials summed afterwards: no atomics, deterministic.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -197,8 +197,8 @@ __device__ __forceinline__ float select(int mask, float a, float b) {
 // The backward's lanes: KG = DE / 4 groups of 4 k's, CG = 32 / KG column
 // groups of CPL = kSlot / CG columns; lane = cg * KG + kg. A lane's d x
 // part is 4 values (its k's) summed over its CPL columns, then over the CG
-// lanes of its k group: 3 + log2(CG / 8) shuffles per edge instead of one
-// per k and lane.
+// lanes of its k group: 1 + log2(CG) shuffles per edge (4 at De 16)
+// instead of one per k and lane.
 template <int DE>
 struct BwdLanes {
   static constexpr int KG = DE / 4, CG = kWarpSize / KG, CPL = kSlot / CG;
