@@ -165,6 +165,14 @@ CONVS = [('GATConv', 'DFGATConv', dict(heads=3, edge_dim=5)),
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
 def test_convs_with_raw_edge_attributes_match_pyg(pyg_name, our_name,
                                                    kwargs, dtype):
+    check_conv_against_pyg(pyg_name, our_name, kwargs, dtype, 11)
+
+
+def check_conv_against_pyg(pyg_name, our_name, kwargs, dtype, channels):
+    """Our conv against PyG's with the same weights (24 -> ``channels``
+    per head) on a graph with input self-loops: output, attention weights
+    and every gradient, fp32 or under bf16 autocast; returns the names of
+    the CUDA kernels our conv ran."""
     _kernels()
     import torch_geometric.nn as pyg_nn
 
@@ -176,16 +184,20 @@ def test_convs_with_raw_edge_attributes_match_pyg(pyg_name, our_name,
     x = torch.randn(n, 24, device='cuda')
     edge_attr = torch.randn(ei.size(1), kwargs['edge_dim'], device='cuda',
                             requires_grad=True)
-    ref = getattr(pyg_nn, pyg_name)(24, 11, **kwargs).cuda()
-    ours = getattr(df_nn, our_name)(24, 11, **kwargs).cuda()
+    ref = getattr(pyg_nn, pyg_name)(24, channels, **kwargs).cuda()
+    ours = getattr(df_nn, our_name)(24, channels, **kwargs).cuda()
     ours.load_state_dict(ref.state_dict())
     outs = []
     for conv in (ref, ours):
-        with torch.autocast('cuda', dtype, enabled=dtype != torch.float32):
-            out, (_, alpha) = conv(x, ei, edge_attr,
-                                   return_attention_weights=True)
-        g = torch.autograd.grad(out.float().square().sum(),
-                                [edge_attr] + list(conv.parameters()))
+        with torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            with torch.autocast('cuda', dtype,
+                                enabled=dtype != torch.float32):
+                out, (_, alpha) = conv(x, ei, edge_attr,
+                                       return_attention_weights=True)
+            g = torch.autograd.grad(out.float().square().sum(),
+                                    [edge_attr] + list(conv.parameters()))
+            torch.cuda.synchronize()
         outs.append((out, alpha, g))
     tol = 2e-5 if dtype == torch.float32 else 3e-2
     (o1, a1, g1), (o2, a2, g2) = outs
@@ -197,6 +209,7 @@ def test_convs_with_raw_edge_attributes_match_pyg(pyg_name, our_name,
     for a, b in zip(g2, g1):
         assert (a - b).norm().item() <= 5 * tol * max(b.norm().item(),
                                                       1e-3 * scale)
+    return ' '.join(e.key for e in prof.key_averages())
 
 
 # GATv2's edge keys (kernels/edge_attr_project.cu): every fill and graph
@@ -278,39 +291,6 @@ def test_projection_is_deterministic_and_runs_the_kernels():
     dict(heads=2, edge_dim=3, share_weights=True)])
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
 def test_gatv2_with_projected_edge_keys_matches_pyg(kwargs, dtype):
-    _kernels()
-    import torch_geometric.nn as pyg_nn
-
-    import pyg_dfgnn.nn as df_nn
-    torch.manual_seed(0)
-    n = 150
-    ei = torch.randint(0, n, (2, 1200), device='cuda')
-    ei[:, :4] = 7  # input self-loops (removed)
-    x = torch.randn(n, 24, device='cuda')
-    edge_attr = torch.randn(ei.size(1), kwargs['edge_dim'], device='cuda',
-                            requires_grad=True)
-    ref = pyg_nn.GATv2Conv(24, 12, **kwargs).cuda()
-    ours = df_nn.DFGATv2Conv(24, 12, **kwargs).cuda()
-    ours.load_state_dict(ref.state_dict())
-    outs = []
-    for conv in (ref, ours):
-        with torch.profiler.profile(
-                activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            with torch.autocast('cuda', dtype,
-                                enabled=dtype != torch.float32):
-                out, (_, alpha) = conv(x, ei, edge_attr,
-                                       return_attention_weights=True)
-            g = torch.autograd.grad(out.float().square().sum(),
-                                    [edge_attr] + list(conv.parameters()))
-            torch.cuda.synchronize()
-        outs.append((out, alpha, g))
-    names = ' '.join(e.key for e in prof.key_averages())
+    names = check_conv_against_pyg('GATv2Conv', 'DFGATv2Conv', kwargs,
+                                   dtype, 12)
     assert 'project_fwd_kernel' in names and 'project_bwd_kernel' in names
-    tol = 2e-5 if dtype == torch.float32 else 3e-2
-    (o1, a1, g1), (o2, a2, g2) = outs
-    assert rel_err(o2, o1) <= tol
-    assert rel_err(a2, a1) <= tol
-    scale = max(b.norm().item() for b in g1)
-    for a, b in zip(g2, g1):
-        assert (a - b).norm().item() <= 5 * tol * max(b.norm().item(),
-                                                      1e-3 * scale)
