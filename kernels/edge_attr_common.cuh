@@ -3,6 +3,8 @@
 // x row with a matrix M held in shared memory (dots and scatter).
 #pragma once
 
+#include <ATen/ATen.h>
+
 #include "numeric.cuh"
 #include "vector_io.cuh"
 #include "ops.h"
@@ -33,6 +35,17 @@ struct Args {
   int H, De, fill;
   bool vec;  // De % kVW == 0: x rows in vectors of kVW
 };
+
+// Host: an optional tensor argument of op `op` (undefined when absent),
+// checked to be on `dev`, contiguous.
+inline at::Tensor optional_input(const c10::optional<at::Tensor>& t,
+                                 const char* op, const char* name,
+                                 at::Device dev) {
+  if (!t.has_value() || !t->defined()) return at::Tensor();
+  TORCH_CHECK(t->is_cuda() && t->device() == dev, op, ": '", name,
+              "' must be on ", dev);
+  return t->contiguous();
+}
 
 // dots (acc[h] = <M_h, x>) and scatter (g = sum_h wv[h] M_h) of one x row,
 // VW elements at a time; M in shared memory.

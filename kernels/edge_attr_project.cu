@@ -23,6 +23,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "dispatch.cuh"
+#include "edge_attr_common.cuh"
 #include "numeric.cuh"
 #include "ops.h"
 #include "vector_io.cuh"
@@ -112,12 +113,6 @@ __device__ __forceinline__ void load_x(const float* row, float (&xv)[DE]) {
   }
 }
 
-// What a row's loop hands each of its `count` other edges (fill 1: the
-// mean's 1 / count; fill 2: all of it).
-__device__ __forceinline__ float loop_share(int fill, int64_t count) {
-  return fill == 1 ? (count > 0 ? 1.f / (float)count : 0.f) : 1.f;
-}
-
 // fill 3's row into the block's s_fill (zeros past De or without it).
 template <typename T, int DE>
 __device__ __forceinline__ void stage_fill_row(const Args<T>& a,
@@ -177,7 +172,7 @@ __global__ void __launch_bounds__(kThreads)
             for (int k = 0; k < DE; ++k) o[i] = fmaf(wv[k][i], s_fill[k], o[i]);
           }
         } else {
-          const float share = loop_share(a.fill, hi - lo - 1);
+          const float share = edge_rows::loop_share(a.fill, hi - lo - 1);
 #pragma unroll
           for (int i = 0; i < kCols; ++i) o[i] = acc[i] * share;
         }
@@ -283,7 +278,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // edge: W^T h added to every d x_p (dh, formed once) and
       // h (x) sum_p x_p to d W (xs, at the row's end).
       const bool handed = loop_p >= 0 && (a.fill == 1 || a.fill == 2);
-      const float share = loop_share(a.fill, hi - lo - 1);
+      const float share = edge_rows::loop_share(a.fill, hi - lo - 1);
       float dh = 0.f;
       if (handed) {
         float h[CPL];
@@ -424,10 +419,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> edge_attr_project_cuda(
               "[N + 1]");
   TORCH_CHECK(fill >= 0 && fill <= 3, "edge_attr_project: 'fill' must be 0-3");
   auto input = [&](const c10::optional<at::Tensor>& t, const char* name) {
-    if (!t.has_value() || !t->defined()) return at::Tensor();
-    TORCH_CHECK(t->is_cuda() && t->device() == dev, "edge_attr_project: '",
-                name, "' must be on ", dev);
-    return t->contiguous();
+    return edge_rows::optional_input(t, "edge_attr_project", name, dev);
   };
   const at::Tensor ptr = rowptr.contiguous();
   const at::Tensor index = input(index_opt, "index");
@@ -470,36 +462,35 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> edge_attr_project_cuda(
                                            opts.dtype(at::kFloat))};
   }
   auto stream = at::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, dtype, "edge_attr_project", [&] {
-        edge_project::Args<scalar_t> a;
-        a.rowptr = ptr.data_ptr<int64_t>();
-        a.index = index.defined() ? index.data_ptr<int64_t>() : nullptr;
-        a.x = x.data_ptr<scalar_t>();
-        a.fill_row = fr.defined() ? fr.data_ptr<scalar_t>() : nullptr;
-        const at::Tensor w = weight.contiguous();
-        a.w = w.data_ptr<scalar_t>();
-        a.grad = backward ? grad.data_ptr<scalar_t>() : nullptr;
-        a.out = backward ? nullptr : out.data_ptr<scalar_t>();
-        a.grad_x = backward ? grad_x.data_ptr<scalar_t>() : nullptr;
-        a.grad_w = backward ? partial.data_ptr<float>() : nullptr;
-        a.loop_pos = fill != 0 ? loop_pos.data_ptr<int64_t>() : nullptr;
-        a.n_rows = n_rows, a.n_in = n_in;
-        a.HF = (int)HF, a.De = (int)De, a.fill = (int)fill;
-        a.vec = De % 4 == 0 &&
-                reinterpret_cast<uintptr_t>(a.x) % (4 * sizeof(scalar_t)) ==
-                    0;
-        with_max_dim(De, [&](auto max_dim) {
-          constexpr int DE = decltype(max_dim)::value;
-          if (backward)
-            edge_project::project_bwd_kernel<scalar_t, DE>
-                <<<blocks, edge_project::kThreads, 0, stream>>>(a);
-          else
-            edge_project::project_fwd_kernel<scalar_t, DE>
-                <<<blocks, edge_project::kThreads, 0, stream>>>(a);
-        });
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-      });
-  if (!backward) return {out, grad_x, at::empty({0, De}, opts.dtype(at::kFloat))};
+  PYG_DFGNN_DISPATCH_FLOAT(dtype, "edge_attr_project", [&] {
+    edge_project::Args<scalar_t> a;
+    a.rowptr = ptr.data_ptr<int64_t>();
+    a.index = index.defined() ? index.data_ptr<int64_t>() : nullptr;
+    a.x = x.data_ptr<scalar_t>();
+    a.fill_row = fr.defined() ? fr.data_ptr<scalar_t>() : nullptr;
+    const at::Tensor w = weight.contiguous();
+    a.w = w.data_ptr<scalar_t>();
+    a.grad = backward ? grad.data_ptr<scalar_t>() : nullptr;
+    a.out = backward ? nullptr : out.data_ptr<scalar_t>();
+    a.grad_x = backward ? grad_x.data_ptr<scalar_t>() : nullptr;
+    a.grad_w = backward ? partial.data_ptr<float>() : nullptr;
+    a.loop_pos = fill != 0 ? loop_pos.data_ptr<int64_t>() : nullptr;
+    a.n_rows = n_rows, a.n_in = n_in;
+    a.HF = (int)HF, a.De = (int)De, a.fill = (int)fill;
+    a.vec = De % 4 == 0 && reinterpret_cast<uintptr_t>(a.x) %
+                                 (4 * sizeof(scalar_t)) == 0;
+    with_max_dim(De, [&](auto max_dim) {
+      constexpr int DE = decltype(max_dim)::value;
+      if (backward)
+        edge_project::project_bwd_kernel<scalar_t, DE>
+            <<<blocks, edge_project::kThreads, 0, stream>>>(a);
+      else
+        edge_project::project_fwd_kernel<scalar_t, DE>
+            <<<blocks, edge_project::kThreads, 0, stream>>>(a);
+    });
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  if (!backward)
+    return {out, grad_x, at::empty({0, De}, opts.dtype(at::kFloat))};
   return {out, grad_x, partial.sum(0)};
 }

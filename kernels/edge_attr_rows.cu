@@ -161,10 +161,7 @@ using namespace pyg_dfgnn;
 
 at::Tensor optional_input(const c10::optional<at::Tensor>& t,
                           const char* name, at::Device dev) {
-  if (!t.has_value() || !t->defined()) return at::Tensor();
-  TORCH_CHECK(t->is_cuda() && t->device() == dev, "edge_attr_rows: '", name,
-              "' must be on ", dev);
-  return t->contiguous();
+  return edge_rows::optional_input(t, "edge_attr_rows", name, dev);
 }
 
 }  // namespace

@@ -282,11 +282,9 @@ class DFGATv2Conv(MessagePassing):
                 project_supported(weight.size(0), weight.size(1)):
             emap = structure.edge_attr_map(adj, edge_attr, self.fill_value)
             if emap is not None:  # one kernel from the user's edge_attr
-                dtype = (torch.get_autocast_dtype('cuda')
-                         if torch.is_autocast_enabled('cuda') else
-                         torch.promote_types(edge_attr.dtype, weight.dtype))
-                return edge_attr_project(emap, edge_attr.to(dtype),
-                                         weight.to(dtype)).view(-1, H, C)
+                return edge_attr_project(
+                    emap, *cast(op_dtype(edge_attr, weight), edge_attr,
+                                weight)).view(-1, H, C)
         edge_attr = structure.edge_attr(adj, edge_attr, self.fill_value)
         return self.lin_edge(edge_attr).view(-1, H, C)
 
