@@ -22,6 +22,10 @@ __device__ __forceinline__ void cols_items_recompute(
   const int HF = H * F;
   const int n_items = n * H;
   const unsigned h_magic = ((1u << 20) + H - 1) / H;
+  // lane e draws the dropout bits of the chunk's edge e (see the rows pass)
+  const int lane = threadIdx.x % kWarpSize;
+  const uint32_t dbits =
+      lane < n ? drop_bits<FEAT>(a.drop, seed, offset, w.e[lane], H) : 0u;
   for (int it0 = 0; it0 < n_items; it0 += 2 * ng) {
     float ps[2], pd[2];
     int ie[2], ih[2];
@@ -57,6 +61,9 @@ __device__ __forceinline__ void cols_items_recompute(
     for (int u = 0; u < 2; ++u) {
       const float sp = KIND == kAdd ? 0.f : group8_sum(ps[u], G);
       const float dp = group8_sum(pd[u], G);
+      uint32_t ebits = 0u;  // (a warp-uniform condition: all lanes)
+      if (kHasDropout<FEAT> && a.drop.active)
+        ebits = __shfl_sync(kFullMask, dbits, ie[u] >= 0 ? ie[u] : 0);
       if (lg == 0 && ie[u] >= 0) {
         const int e = ie[u], h = ih[u];
         const OFF ir = (OFF)w.j[e];
@@ -75,7 +82,8 @@ __device__ __forceinline__ void cols_items_recompute(
           gz = leaky_relu_grad(z, a.slope);
         }
         const float p = expf(sc - a.lse[(lo + (int64_t)ir) * H + h]);
-        const float f = drop_factor<FEAT>(a.drop, seed, offset, ecsr, h);
+        const float f = drop_factor_of<FEAT>(a.drop, ebits, seed, offset,
+                                             ecsr, h, H);
         float dpe = f * dp;
         if (kHasWeights<FEAT> && a.galpha != nullptr) {
           const int64_t ea = a.aperm != nullptr ? (int64_t)a.aperm[ecsr] : ecsr;

@@ -78,6 +78,12 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
         // written by this warp in pass 0.
         const int n_items = n * H;
         const bool lean = a.ebuf == nullptr;
+        // lane e draws the dropout bits of the chunk's edge e (items fetch
+        // theirs by a shuffle below)
+        const uint32_t dbits =
+            lane < n && (pass == 0 || lean)
+                ? drop_bits<FEAT>(a.drop, seed, offset, cb + lane, H)
+                : 0u;
         if (pass > 0 && !lean) {
           for (int it = lane; it < n_items; it += kWarpSize) {
             const int e = (int)(((unsigned)it * h_magic) >> 20), h = it - e * H;
@@ -119,6 +125,9 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
           for (int u = 0; u < 2; ++u) {
             const float sp = KIND == kAdd ? 0.f : group8_sum(ps[u], G);
             const float dp = group8_sum(pd[u], G);
+            uint32_t ebits = 0u;  // (a warp-uniform condition: all lanes)
+            if (kHasDropout<FEAT> && a.drop.active)
+              ebits = __shfl_sync(kFullMask, dbits, ie[u] >= 0 ? ie[u] : 0);
             if (lg == 0 && ie[u] >= 0) {
               const int e = ie[u], h = ih[u];
               float sc = sp, gz = 1.f;
@@ -137,8 +146,8 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
               const float p = one_edge ? 1.f : expf(sc - lse_h[h]);
               // out_i = sum_j f p_ij (v_j + ev_ij): dL/dp_ij = f dp_ij
               // (+ the returned weights' own gradient)
-              const float f =
-                  drop_factor<FEAT>(a.drop, seed, offset, cb + e, h);
+              const float f = drop_factor_of<FEAT>(a.drop, ebits, seed,
+                                                   offset, cb + e, h, H);
               float dpe = f * dp;
               if (kHasWeights<FEAT> && a.galpha != nullptr) {
                 const int64_t ea = a.aperm != nullptr

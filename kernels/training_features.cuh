@@ -148,6 +148,42 @@ __device__ __forceinline__ float drop_factor(const DropoutMask& d,
   return 1.f;
 }
 
+// The mask by edge in the block kernels, whose items (edge, head) sit on
+// other lanes than the ones that walk a chunk's edges: lane e of a chunk
+// draws the bits of its edge once -- one Philox call per quad of heads, not
+// one per (edge, head) -- and an item takes its bit from that lane (a
+// shuffle). Bit h of the word is head h, so heads beyond kDropBitHeads
+// take drop_factor. (The SMMF forward's softmax, lanes over edges already,
+// keeps drop_factor per head: the bits there cost its dropout kernels
+// 80 -> 256 bytes of spills, sm_90, for ~4x fewer Philox calls at H = 4.)
+constexpr int kDropBitHeads = 32;
+template <int FEAT>
+__device__ __forceinline__ uint32_t drop_bits(const DropoutMask& d,
+                                              uint64_t seed, uint64_t offset,
+                                              int64_t e, int H) {
+  if constexpr (!kHasDropout<FEAT>) return 0u;
+  if (!d.active || H > kDropBitHeads) return 0u;
+  uint32_t bits = 0;
+  for (int q = 0; 4 * q < H; ++q) {
+    const uint4 w = philox4(seed, offset, (uint64_t)e, q);
+    bits |= ((uint32_t)d.dropped(w.x) | (uint32_t)d.dropped(w.y) << 1 |
+             (uint32_t)d.dropped(w.z) << 2 | (uint32_t)d.dropped(w.w) << 3)
+            << (4 * q);
+  }
+  return bits;
+}
+// The factor of (edge e, head h) given e's bits (drop_bits): as drop_factor.
+template <int FEAT>
+__device__ __forceinline__ float drop_factor_of(const DropoutMask& d,
+                                                uint32_t bits, uint64_t seed,
+                                                uint64_t offset, int64_t e,
+                                                int h, int H) {
+  if constexpr (!kHasDropout<FEAT>) return 1.f;
+  if (!d.active) return 1.f;
+  if (H > kDropBitHeads) return d.factor(seed, offset, e, h);
+  return (bits >> h) & 1u ? 0.f : d.keep_scale;
+}
+
 // The mask in the warp-per-owner kernels (short_rows.cuh), whose lanes hold
 // an owner's heads and walk its edges together: one Philox call per lane
 // per batch of edges instead of one per lane per edge. Lane li of an
