@@ -173,16 +173,20 @@ def test_edge_terms_and_weights(kind, terms, dtype, strategy, graph_kind):
 @pytest.mark.parametrize('kind', ['add', 'dot', 'gatv2'])
 @pytest.mark.parametrize('strategy', ['smmf', 'pmf'])
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
-def test_dropout_uses_one_mask_forward_and_backward(kind, strategy, dtype):
+@pytest.mark.parametrize('heads', [2, 6, 36])
+def test_dropout_uses_one_mask_forward_and_backward(kind, strategy, dtype,
+                                                    heads):
     """Out and every gradient equal the reference run with the mask the
     forward drew (read off its returned weights): the backward regenerated
-    the same mask. Edge terms on, graph with a super node."""
+    the same mask. Edge terms on, graph with a super node. Heads: one quad
+    of Philox words, a partial second quad, and more heads than the
+    backward's per-edge dropout bits hold (kDropBitHeads = 32)."""
     cuda = _cuda()
     gen = torch.Generator().manual_seed(7)
     ei, size = random_graph('super', random.Random(3))
     graph = DFGraph.from_edge_index(ei.cuda(), size=size)
     terms = EDGE_TERMS[kind][-1]
-    t = make_case(kind, terms, graph, 2, 16, 16, dtype, gen)
+    t = make_case(kind, terms, graph, heads, 16, 16, dtype, gen)
     torch.manual_seed(0)
     mask = check_case(cuda, graph, kind, t, strategy, dtype, dropout=0.4,
                       gen=gen)
