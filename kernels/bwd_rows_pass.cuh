@@ -125,45 +125,61 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
           for (int u = 0; u < 2; ++u) {
             const float sp = KIND == kAdd ? 0.f : group8_sum(ps[u], G);
             const float dp = group8_sum(pd[u], G);
-            uint32_t ebits = 0u;  // (a warp-uniform condition: all lanes)
-            if (kHasDropout<FEAT> && a.drop.active)
-              ebits = __shfl_sync(kFullMask, dbits, ie[u] >= 0 ? ie[u] : 0);
             if (lg == 0 && ie[u] >= 0) {
-              const int e = ie[u], h = ih[u];
-              float sc = sp, gz = 1.f;
-              if constexpr (KIND == kDot) {
-                sc = sp * a.scale;
-                if (kHasScore<FEAT> && a.et.es != nullptr)
-                  sc += to_float(a.et.es[(cb + e) * H + h]);
-              }
-              if constexpr (KIND == kAdd) {
-                float z = w.own[h] + to_float(kb[(OFF)w.j[e] * H + h]);
-                if (kHasScore<FEAT> && a.et.es != nullptr)
-                  z += to_float(a.et.es[(cb + e) * H + h]);
-                sc = leaky_relu(z, a.slope);
-                gz = leaky_relu_grad(z, a.slope);
-              }
-              const float p = one_edge ? 1.f : expf(sc - lse_h[h]);
-              // out_i = sum_j f p_ij (v_j + ev_ij): dL/dp_ij = f dp_ij
-              // (+ the returned weights' own gradient)
-              const float f = drop_factor_of<FEAT>(a.drop, ebits, seed,
-                                                   offset, cb + e, h, H);
-              float dpe = f * dp;
-              if (kHasWeights<FEAT> && a.galpha != nullptr) {
-                const int64_t ea = a.aperm != nullptr
-                                       ? (int64_t)a.aperm[cb + e] : cb + e;
-                dpe = fmaf(to_float(a.galpha[ea * H + h]),
-                           a.galpha_dropped ? f : 1.f, dpe);
-              }
-              const float t = p * dpe;
-              if (pass == 0 && !lean)
-                a.ebuf[(cb + e) * H + h] = make_float2(
-                    pack_item_p<KIND>(p, f == 0.f, KIND == kAdd && gz != 1.f),
-                    t);
-              w.t[h * C + e] = t;
-              w.p[h * C + e] = p * gz;
-              if constexpr (KIND == kAdd) w.g[h * C + e] = t * gz;
+              w.p[ih[u] * C + ie[u]] = sp;
+              w.t[ih[u] * C + ie[u]] = dp;
             }
+          }
+        }
+        __syncwarp();
+        // The items' scalar work with lanes over items (on one lane of each
+        // item's group above it left G - 1 lanes idle): p, the dropout
+        // factor, t, ebuf; (sp, dp) -> (p g, t) in place. Trip count
+        // warp-uniform (the dropout bits' shuffle).
+        for (int it0 = 0; (pass == 0 || lean) && it0 < n_items;
+             it0 += kWarpSize) {
+          const int it = it0 + lane;
+          const bool has = it < n_items;
+          const int e = has ? (int)(((unsigned)it * h_magic) >> 20) : 0;
+          const int h = has ? it - e * H : 0;
+          uint32_t ebits = 0u;  // (a warp-uniform condition: all lanes)
+          if (kHasDropout<FEAT> && a.drop.active)
+            ebits = __shfl_sync(kFullMask, dbits, e);
+          if (has) {
+            const float sp = w.p[h * C + e], dp = w.t[h * C + e];
+            float sc = sp, gz = 1.f;
+            if constexpr (KIND == kDot) {
+              sc = sp * a.scale;
+              if (kHasScore<FEAT> && a.et.es != nullptr)
+                sc += to_float(a.et.es[(cb + e) * H + h]);
+            }
+            if constexpr (KIND == kAdd) {
+              float z = w.own[h] + to_float(kb[(OFF)w.j[e] * H + h]);
+              if (kHasScore<FEAT> && a.et.es != nullptr)
+                z += to_float(a.et.es[(cb + e) * H + h]);
+              sc = leaky_relu(z, a.slope);
+              gz = leaky_relu_grad(z, a.slope);
+            }
+            const float p = one_edge ? 1.f : expf(sc - lse_h[h]);
+            // out_i = sum_j f p_ij (v_j + ev_ij): dL/dp_ij = f dp_ij
+            // (+ the returned weights' own gradient)
+            const float f = drop_factor_of<FEAT>(a.drop, ebits, seed, offset,
+                                                 cb + e, h, H);
+            float dpe = f * dp;
+            if (kHasWeights<FEAT> && a.galpha != nullptr) {
+              const int64_t ea = a.aperm != nullptr
+                                     ? (int64_t)a.aperm[cb + e] : cb + e;
+              dpe = fmaf(to_float(a.galpha[ea * H + h]),
+                         a.galpha_dropped ? f : 1.f, dpe);
+            }
+            const float t = p * dpe;
+            if (pass == 0 && !lean)
+              a.ebuf[(cb + e) * H + h] = make_float2(
+                  pack_item_p<KIND>(p, f == 0.f, KIND == kAdd && gz != 1.f),
+                  t);
+            w.t[h * C + e] = t;
+            w.p[h * C + e] = p * gz;
+            if constexpr (KIND == kAdd) w.g[h * C + e] = t * gz;
           }
         }
         __syncwarp();
