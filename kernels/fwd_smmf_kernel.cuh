@@ -63,6 +63,13 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
   const int G = KIND == kAdd ? 1 : min(a.qk_group, 8), ng = kWarpSize / G;
   const int g = lane / G, lg = lane % G;
   const unsigned h_magic = ((1u << 20) + H - 1) / H;  // it / H, H <= 128
+  // SDDMM with lanes over the key row (one vector each) where the row is
+  // exactly a warp's vectors and a head has L >= 8 of them (fp32 H * D =
+  // 128: 1 x 128, 2 x 64, 4 x 32); else lane groups per (edge, head) item.
+  const int L = D / VW;
+  const bool feature_lanes = VW > 1 && KIND != kAdd &&
+                             HD_k == kWarpSize * VW && L >= 8 &&
+                             (L & (L - 1)) == 0;
 
   auto v_row = [&](int e) -> const T* { return vb + (OFF)w.j[e] * HF; };
   auto get_p = [&](int e, int h) -> float { return w.p[h * C + e]; };
@@ -109,6 +116,49 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
             const float sc = leaky_relu(x, a.slope);
             w.p[h * C + e] = sc;
             if (sc_out != nullptr) sc_out[it] = sc;
+          }
+        } else if (feature_lanes) {
+          // Lanes over the key row's vectors (one each: H * D = 32 VW),
+          // the query (and att) vector in registers, eight edges' partial
+          // scores per lane summed over the head's L lanes by a transposing
+          // butterfly: no query re-read per item (a third of this loop's
+          // shared-memory reads), 7-9 shuffles per 8 edges.
+          float qv[VW], av[VW];
+          load_smem<VW>(w.q + lane * VW, qv);
+          if constexpr (KIND == kGatv2) load_smem<VW>(att + lane * VW, av);
+          const int h = lane / L;
+          for (int e0 = 0; e0 < n; e0 += 8) {
+            float v[8];
+#pragma unroll
+            for (int b = 0; b < 8; ++b) {
+              v[b] = 0.f;
+              const int e = e0 + b;
+              if (e < n) {
+                float kx[VW];
+                load_vec<T, VW>(kb + (OFF)w.j[e] * HD_k + lane * VW, kx);
+                if (kHasEdgeKV<FEAT> && a.et.ek != nullptr)
+                  add_vec<T, VW>(a.et.ek + (cb + e) * HD_k + lane * VW, kx);
+#pragma unroll
+                for (int i = 0; i < VW; ++i) {
+                  if constexpr (KIND == kDot)
+                    v[b] = fmaf(qv[i], kx[i], v[b]);
+                  else
+                    v[b] = fmaf(av[i], leaky_relu(qv[i] + kx[i], a.slope),
+                                v[b]);
+                }
+              }
+            }
+            float sc = transpose_sum8(v, L);
+            const int e = e0 + transpose8_item(lane, L);
+            if ((lane & (L / 8 - 1)) == 0 && e < n) {
+              if constexpr (KIND == kDot) {
+                sc *= a.scale;
+                if (kHasScore<FEAT> && a.et.es != nullptr)
+                  sc += to_float(a.et.es[(cb + e) * H + h]);
+              }
+              w.p[h * C + e] = sc;
+              if (sc_out != nullptr) sc_out[e * H + h] = sc;
+            }
           }
         } else {
           // warp-uniform trip count: group8_sum shuffles across groups

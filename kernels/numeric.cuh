@@ -74,6 +74,33 @@ __device__ __forceinline__ float group8_sum(float v, int G) {
   return v;
 }
 
+// Eight values per lane (partial sums of eight items), summed over aligned
+// groups of L lanes (L a power of two >= 8) by a transposing butterfly:
+// each step keeps half of the values and adds the partner's other half
+// (4 + 2 + 1 shuffles), then plain xor levels below L / 8. The lane ends
+// with the sum of item transpose8_item(lane, L); the L / 8 lanes of a group
+// that share it hold the same sum.
+__device__ __forceinline__ float transpose_sum8(float (&v)[8], int L) {
+  const int lane = threadIdx.x % kWarpSize;
+#pragma unroll
+  for (int half = 4, o = L / 2; half >= 1; half /= 2, o /= 2) {
+    const bool hi = (lane & o) != 0;
+#pragma unroll
+    for (int i = 0; i < half; ++i) {
+      const float send = hi ? v[i] : v[i + half];
+      const float keep = hi ? v[i + half] : v[i];
+      v[i] = keep + __shfl_xor_sync(kFullMask, send, o);
+    }
+  }
+  float s = v[0];
+  for (int o = L / 16; o >= 1; o /= 2) s += __shfl_xor_sync(kFullMask, s, o);
+  return s;
+}
+__device__ __forceinline__ int transpose8_item(int lane, int L) {
+  return ((lane & (L / 2)) ? 4 : 0) + ((lane & (L / 4)) ? 2 : 0) +
+         ((lane & (L / 8)) ? 1 : 0);
+}
+
 __host__ __device__ inline size_t align16(size_t b) {
   return (b + 15) & ~(size_t)15;
 }
