@@ -25,6 +25,13 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
   const int G = a.item_group, ng = kWarpSize / G;
   const int gi = lane / G, lg = lane % G;
   const unsigned h_magic = ((1u << 20) + H - 1) / H;  // it / H, H <= 128
+  // s and dp with lanes over the key / value rows where each is one warp
+  // of vectors and a head has L >= 8 of them (as the SMMF forward); not
+  // at the all-features level (its registers: 248 -> 556 bytes of spills)
+  const int L = D / VW;
+  const bool feature_lanes = VW > 1 && KIND != kAdd && FEAT != kFeatAll &&
+                             HD_k == kWarpSize * VW && HF == HD_k && L >= 8 &&
+                             (L & (L - 1)) == 0;
   float* lse_h = w.hv;
   float* dsum = w.hv + H;
   float* add_a = w.hv + 2 * H;
@@ -92,7 +99,53 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
             w.t[h * C + e] = pt.y;
           }
         }
-        for (int it0 = 0; (pass == 0 || lean) && it0 < n_items;
+        if (feature_lanes && (pass == 0 || lean)) {
+          // Lanes over the key / value rows (one vector each, as the
+          // forward's SDDMM): the query, grad_out (and att) vectors in
+          // registers, eight edges' partial s and dp per lane summed over
+          // the head's L lanes by transposing butterflies.
+          float qv[VW], ov[VW], av[VW];
+          load_smem<VW>(w.own + lane * VW, qv);
+          load_smem<VW>(w.own2 + lane * VW, ov);
+          if constexpr (KIND == kGatv2) load_smem<VW>(att + lane * VW, av);
+          const int h = lane / L;
+          for (int e0 = 0; e0 < n; e0 += 8) {
+            float vs[8], vd[8];
+#pragma unroll
+            for (int b = 0; b < 8; ++b) {
+              vs[b] = vd[b] = 0.f;
+              const int e = e0 + b;
+              if (e < n) {
+                const OFF jr = (OFF)w.j[e];
+                float kx[VW], vx[VW];
+                load_vec<T, VW>(kb + jr * HD_k + lane * VW, kx);
+                load_vec<T, VW>(vb + jr * HF + lane * VW, vx);
+                if (kHasEdgeKV<FEAT> && a.et.ek != nullptr)
+                  add_vec<T, VW>(a.et.ek + (cb + e) * HD_k + lane * VW, kx);
+                if (kHasEdgeKV<FEAT> && a.et.ev != nullptr)
+                  add_vec<T, VW>(a.et.ev + (cb + e) * HF + lane * VW, vx);
+#pragma unroll
+                for (int i = 0; i < VW; ++i) {
+                  if constexpr (KIND == kDot)
+                    vs[b] = fmaf(qv[i], kx[i], vs[b]);
+                  else
+                    vs[b] = fmaf(av[i], leaky_relu(qv[i] + kx[i], a.slope),
+                                 vs[b]);
+                  vd[b] = fmaf(ov[i], vx[i], vd[b]);
+                }
+              }
+            }
+            const float sp = transpose_sum8(vs, L);
+            const float dp = transpose_sum8(vd, L);
+            const int e = e0 + transpose8_item(lane, L);
+            if ((lane & (L / 8 - 1)) == 0 && e < n) {
+              w.p[h * C + e] = sp;
+              w.t[h * C + e] = dp;
+            }
+          }
+        }
+        for (int it0 = 0; !feature_lanes && (pass == 0 || lean) &&
+                          it0 < n_items;
              it0 += 2 * ng) {
           float ps[2], pd[2];
           int ie[2], ih[2];

@@ -170,6 +170,27 @@ def test_edge_terms_and_weights(kind, terms, dtype, strategy, graph_kind):
                dropped=rng.random() < 0.5, gen=gen)
 
 
+@pytest.mark.parametrize('kind', ['dot', 'gatv2'])
+@pytest.mark.parametrize('heads,d', [(1, 128), (2, 64), (4, 32)])
+@pytest.mark.parametrize('graph_kind', ['batch', 'super', 'isolated'])
+@pytest.mark.parametrize('dropout', [0.0, 0.3])
+def test_smmf_key_row_lanes(kind, heads, d, graph_kind, dropout):
+    """fp32 rows of H * D = 128 (one vector per lane): the SMMF forward's
+    SDDMM with lanes over the key row and eight edges per transposing sum
+    -- rows of any length (not a multiple of 8, empty, a super node), every
+    edge term, the weights and dropout -- against the reference."""
+    cuda = _cuda()
+    seed = zlib.crc32(f'{kind}{heads}{graph_kind}{dropout}'.encode())
+    gen = torch.Generator().manual_seed(seed)
+    ei, size = random_graph(graph_kind, random.Random(seed))
+    graph = DFGraph.from_edge_index(ei.cuda(), size=size)
+    for terms in EDGE_TERMS[kind]:
+        t = make_case(kind, terms, graph, heads, d, d, torch.float32, gen)
+        torch.manual_seed(seed)
+        check_case(cuda, graph, kind, t, 'smmf', torch.float32,
+                   dropout=dropout, gen=gen)
+
+
 @pytest.mark.parametrize('kind', ['add', 'dot', 'gatv2'])
 @pytest.mark.parametrize('strategy', ['smmf', 'pmf'])
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
