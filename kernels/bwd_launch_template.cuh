@@ -170,8 +170,6 @@ inline double store_limit_bytes() {
 
 template <typename T, typename I, int KIND, bool VEC, int FEAT>
 void run_passes(Args& A, int optin) {
-  // the block passes have no dropout-only level: they take the all level
-  constexpr int kBlockFeat = FEAT == kFeatDropout ? kFeatAll : FEAT;
   const int64_t n_dst = A.rowptr.size(0) - 1, n_src = A.colptr.size(0) - 1;
   const int64_t E = A.col.numel();
   const int H = (int)A.value.size(1), F = (int)A.value.size(2);
@@ -236,7 +234,7 @@ void run_passes(Args& A, int optin) {
   if (short_rows)
     launch_short<T, I, KIND, VEC, FEAT, false>(r, lanes);
   else
-    launch<T, I, KIND, VEC, false, kBlockFeat, false>(
+    launch<T, I, KIND, VEC, false, FEAT, false>(
         r, A.rowptr, E, A.max_in_degree, A.windows, A.stage_nodes, optin,
         nullptr, fopt);
   // cols pass: grad_key, grad_value, d att partials
@@ -262,7 +260,7 @@ void run_passes(Args& A, int optin) {
     return;
   }
   PYG_DFGNN_DISPATCH_BOOL(lean, LEAN, [&] {
-    launch<T, I, KIND, VEC, true, kBlockFeat, LEAN>(
+    launch<T, I, KIND, VEC, true, FEAT, LEAN>(
         c, A.colptr, E, A.max_out_degree, A.col_windows, A.col_stage_nodes,
         optin, KIND == kGatv2 ? &att_part : nullptr, fopt);
   });

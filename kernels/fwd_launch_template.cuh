@@ -180,7 +180,7 @@ void run_smmf(const Launch& L) {
     if (scores.defined()) a.scores = scores.data_ptr<float>();
     PYG_DFGNN_DISPATCH_KIND(L.kind, [&] {
      PYG_DFGNN_DISPATCH_FEAT(L.feature_level(), KIND == kAdd, KIND == kDot,
-                             false, FEAT, [&] {
+                             KIND != kGatv2, FEAT, [&] {
       auto kernel = smmf_fwd_kernel<scalar_t, KIND, VEC, FEAT>;
       allow_smem(kernel, bytes);
       kernel<<<(unsigned)blocks, warps * kWarpSize, bytes, stream>>>(

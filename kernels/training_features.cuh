@@ -106,9 +106,11 @@ struct DropoutMask {
 // and no edge key / value (TransformerConv's edge term, whose all-level
 // 'dot' backward rows pass spilled 208 bytes; GAT's weights in the short
 // kernels, 74 registers at the all level; not the SMMF / PMF forward of
-// 'add', nor GATv2); dropout alone (the short kernels only: GAT's
-// dropout ran their all-level code, the forward +0.32 and the rows pass
-// +0.33 ms over plain in session 16; the block kernels take it at all).
+// 'add', nor GATv2); dropout alone (the short kernels -- GAT's dropout
+// ran their all-level code, the forward +0.32 and the rows pass +0.33 ms
+// over plain in session 16 -- and the SMMF forward and block backward
+// passes of 'add' / 'dot': at the all level the rows pass could not take
+// its key-row lanes, session 20; GATv2 takes the all level).
 constexpr int kFeatNone = 0, kFeatScore = 1, kFeatAll = 2, kFeatWeights = 3,
               kFeatDropout = 4;
 // What a level compiles in: the edge score; the weights (raw scores out,

@@ -429,6 +429,45 @@ def test_short_owner_kernels_dropout_only(kind, dtype, graph_kind,
 
 @pytest.mark.parametrize('kind', ['add', 'dot'])
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize('heads,d', [(4, 32), (1, 128), (3, 17)])
+def test_block_kernels_dropout_only(kind, dtype, heads, d, monkeypatch):
+    """Dropout with no other feature in the SMMF forward and the block
+    backward passes (level 4; the key-row lanes at 4 x 32 / 1 x 128 fp32):
+    out and every gradient against the reference with the mask that the
+    all-level call of the same seed returns."""
+    cuda = _cuda()
+    seed = zlib.crc32(f'block-dropout{kind}{dtype}{heads}'.encode())
+    gen = torch.Generator().manual_seed(seed)
+    ei, size = random_graph('batch', random.Random(seed))
+    graph = DFGraph.from_edge_index(ei.cuda(), size=size)
+    t = make_case(kind, '', graph, heads, d, d, dtype, gen)
+    monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', '0')
+    torch.manual_seed(7)
+    with torch.no_grad():  # the mask: the weights after dropout (level 2)
+        _, alpha = fused(cuda, graph, kind, t, 'smmf', 0.4, 'after_dropout')
+    mask = alpha != 0
+    torch.manual_seed(7)
+    poison_allocator()
+
+    def step():
+        out = fused(cuda, graph, kind, t, 'smmf', 0.4)  # (no weights)
+        g_out = torch.randn(out.shape, generator=gen).to(out)
+        return out, g_out, grads_of((out * g_out).sum(), t)
+
+    (out, g_out, got), names = cuda_kernels(step)
+    if graph.num_edges > 0:
+        assert any('smmf_fwd_kernel' in m and m.endswith(', 4>')
+                   for m in names), names
+        assert any('bwd_kernel' in m and ', 4, false>' in m
+                   for m in names), names
+    ref_out, _, t64 = reference(graph, kind, t, 0.4, mask)
+    assert rel_err(out, ref_out) <= TOL_OUT[dtype]
+    assert_grads_close(got, grads_of((ref_out * g_out.double()).sum(), t64),
+                       dtype)
+
+
+@pytest.mark.parametrize('kind', ['add', 'dot'])
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize('dropout', [0.0, 0.4])
 @pytest.mark.parametrize('graph_kind', ['batch', 'uniform', 'isolated'])
 def test_short_owner_kernels_with_features(kind, dtype, dropout, graph_kind,
