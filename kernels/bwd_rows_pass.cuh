@@ -26,11 +26,11 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
   const int gi = lane / G, lg = lane % G;
   const unsigned h_magic = ((1u << 20) + H - 1) / H;  // it / H, H <= 128
   // s and dp with lanes over the key / value rows where each is one warp
-  // of vectors and a head has L >= 8 of them (as the SMMF forward); not
+  // of vectors and a head has L >= 4 of them (as the SMMF forward); not
   // at the all-features level (its registers: 248 -> 556 bytes of spills)
   const int L = D / VW;
   const bool feature_lanes = VW > 1 && KIND != kAdd && FEAT != kFeatAll &&
-                             HD_k == kWarpSize * VW && HF == HD_k && L >= 8 &&
+                             HD_k == kWarpSize * VW && HF == HD_k && L >= 4 &&
                              (L & (L - 1)) == 0;
   float* lse_h = w.hv;
   float* dsum = w.hv + H;
@@ -135,12 +135,16 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
                 }
               }
             }
-            const float sp = transpose_sum8(vs, L);
-            const float dp = transpose_sum8(vd, L);
-            const int e = e0 + transpose8_item(lane, L);
-            if ((lane & (L / 8 - 1)) == 0 && e < n) {
-              w.p[h * C + e] = sp;
-              w.t[h * C + e] = dp;
+            const int k = transpose_sum8(vs, L);
+            transpose_sum8(vd, L);
+            const int eb = e0 + transpose8_item(lane, L);
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+              const int e = eb + i;
+              if (i < k && transpose8_writer(lane, L) && e < n) {
+                w.p[h * C + e] = vs[i];
+                w.t[h * C + e] = vd[i];
+              }
             }
           }
         }

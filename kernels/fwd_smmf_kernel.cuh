@@ -64,11 +64,12 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
   const int g = lane / G, lg = lane % G;
   const unsigned h_magic = ((1u << 20) + H - 1) / H;  // it / H, H <= 128
   // SDDMM with lanes over the key row (one vector each) where the row is
-  // exactly a warp's vectors and a head has L >= 8 of them (fp32 H * D =
-  // 128: 1 x 128, 2 x 64, 4 x 32); else lane groups per (edge, head) item.
+  // exactly a warp's vectors and a head has L >= 4 of them (fp32 H * D =
+  // 128: 1 x 128, 2 x 64, 4 x 32, 8 x 16); else lane groups per (edge,
+  // head) item.
   const int L = D / VW;
   const bool feature_lanes = VW > 1 && KIND != kAdd &&
-                             HD_k == kWarpSize * VW && L >= 8 &&
+                             HD_k == kWarpSize * VW && L >= 4 &&
                              (L & (L - 1)) == 0;
 
   auto v_row = [&](int e) -> const T* { return vb + (OFF)w.j[e] * HF; };
@@ -122,7 +123,7 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
           // the query (and att) vector in registers, eight edges' partial
           // scores per lane summed over the head's L lanes by a transposing
           // butterfly: no query re-read per item (a third of this loop's
-          // shared-memory reads), 7-9 shuffles per 8 edges.
+          // shared-memory reads), 6-9 shuffles per 8 edges.
           float qv[VW], av[VW];
           load_smem<VW>(w.q + lane * VW, qv);
           if constexpr (KIND == kGatv2) load_smem<VW>(att + lane * VW, av);
@@ -148,16 +149,21 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
                 }
               }
             }
-            float sc = transpose_sum8(v, L);
-            const int e = e0 + transpose8_item(lane, L);
-            if ((lane & (L / 8 - 1)) == 0 && e < n) {
-              if constexpr (KIND == kDot) {
-                sc *= a.scale;
-                if (kHasScore<FEAT> && a.et.es != nullptr)
-                  sc += to_float(a.et.es[(cb + e) * H + h]);
+            const int k = transpose_sum8(v, L);
+            const int eb = e0 + transpose8_item(lane, L);
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+              const int e = eb + i;
+              if (i < k && transpose8_writer(lane, L) && e < n) {
+                float sc = v[i];
+                if constexpr (KIND == kDot) {
+                  sc *= a.scale;
+                  if (kHasScore<FEAT> && a.et.es != nullptr)
+                    sc += to_float(a.et.es[(cb + e) * H + h]);
+                }
+                w.p[h * C + e] = sc;
+                if (sc_out != nullptr) sc_out[e * H + h] = sc;
               }
-              w.p[h * C + e] = sc;
-              if (sc_out != nullptr) sc_out[e * H + h] = sc;
             }
           }
         } else {

@@ -75,30 +75,40 @@ __device__ __forceinline__ float group8_sum(float v, int G) {
 }
 
 // Eight values per lane (partial sums of eight items), summed over aligned
-// groups of L lanes (L a power of two >= 8) by a transposing butterfly:
+// groups of L lanes (L a power of two >= 4) by a transposing butterfly:
 // each step keeps half of the values and adds the partner's other half
-// (4 + 2 + 1 shuffles), then plain xor levels below L / 8. The lane ends
-// with the sum of item transpose8_item(lane, L); the L / 8 lanes of a group
-// that share it hold the same sum.
-__device__ __forceinline__ float transpose_sum8(float (&v)[8], int L) {
+// (4 + 2 + 1 shuffles while L allows), then plain xor levels below L / 8.
+// Returns k (1, or 2 for L = 4): v[0 .. k) hold the sums of items
+// transpose8_item(lane, L) + i; for L >= 16 the L / 8 lanes of a group
+// that share an item hold the same sum.
+__device__ __forceinline__ int transpose_sum8(float (&v)[8], int L) {
   const int lane = threadIdx.x % kWarpSize;
+  int k = 8;
 #pragma unroll
-  for (int half = 4, o = L / 2; half >= 1; half /= 2, o /= 2) {
-    const bool hi = (lane & o) != 0;
+  for (int step = 0; step < 3; ++step) {
+    const int half = 4 >> step, o = L >> (step + 1);
+    if (o >= 1) {
+      const bool hi = (lane & o) != 0;
 #pragma unroll
-    for (int i = 0; i < half; ++i) {
-      const float send = hi ? v[i] : v[i + half];
-      const float keep = hi ? v[i + half] : v[i];
-      v[i] = keep + __shfl_xor_sync(kFullMask, send, o);
+      for (int i = 0; i < half; ++i) {
+        const float send = hi ? v[i] : v[i + half];
+        const float keep = hi ? v[i + half] : v[i];
+        v[i] = keep + __shfl_xor_sync(kFullMask, send, o);
+      }
+      k = half;
     }
   }
-  float s = v[0];
-  for (int o = L / 16; o >= 1; o /= 2) s += __shfl_xor_sync(kFullMask, s, o);
-  return s;
+  for (int o = L / 16; o >= 1; o /= 2)
+    v[0] += __shfl_xor_sync(kFullMask, v[0], o);
+  return k;
 }
 __device__ __forceinline__ int transpose8_item(int lane, int L) {
   return ((lane & (L / 2)) ? 4 : 0) + ((lane & (L / 4)) ? 2 : 0) +
          ((lane & (L / 8)) ? 1 : 0);
+}
+// Whether this lane writes its sums (one lane per item).
+__device__ __forceinline__ bool transpose8_writer(int lane, int L) {
+  return L < 8 || (lane & (L / 8 - 1)) == 0;
 }
 
 __host__ __device__ inline size_t align16(size_t b) {

@@ -37,6 +37,9 @@ CASES = [
     ('batch', 120, 'gatv2', torch.float32, 2, 32, 32, False, None),
     ('batch', 120, 'gatv2', torch.bfloat16, 2, 32, 32, False, 150),
     ('super', 300, 'gatv2', torch.bfloat16, 1, 16, 16, False, None),
+    # fp32 H * D = 128: the rows pass's key-row lanes
+    ('batch', 120, 'dot', torch.float32, 4, 32, 32, False, 150),
+    ('batch', 120, 'gatv2', torch.float32, 8, 16, 16, False, None),
     ('empty', 5, 'dot', torch.float32, 1, 8, 8, False, None),
 ]
 

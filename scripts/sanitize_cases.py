@@ -37,6 +37,10 @@ CASES = [
     ('add', torch.bfloat16, 'smmf', 'batch', 4, 1, 32, None),
     ('gatv2', torch.float32, 'smmf', 'batch', 3, 17, 17, None),
     ('dot', torch.float16, 'smmf', 'batch', 1, 128, 128, None),
+    # fp32 H * D = 128: the SDDMM with lanes over the key row
+    ('dot', torch.float32, 'smmf', 'batch', 4, 32, 32, None),
+    ('gatv2', torch.float32, 'smmf', 'batch', 8, 16, 16, None),
+    ('dot', torch.float32, 'smmf', 'super', 1, 128, 128, None),
     # tensor-core windows (mma fragments, count matrix in shared memory)
     ('dot', torch.bfloat16, 'tc', 'batch', 3, 32, 32, None),
     ('dot', torch.float16, 'tc', 'batch', 1, 128, 128, None),

@@ -5,7 +5,8 @@
     ... scripts/sanitize_features.py projection    (the cases of one prefix)
 
 Edge terms of every kind (TransformerConv's shared key-value term too), the
-attention weights with a gradient in a permuted order, and dropout, in SMMF
+attention weights with a gradient in a permuted order, and dropout (up to 36
+heads), the SDDMMs with lanes over the key row (fp32 H * D = 128), in SMMF
 (staged batch windows) and PMF (a super node), fp32 and bf16, scalar (F = 17)
 and vector paths; the short-owner kernels with features (forced); the raw
 edge attribute kernels and GATv2's projected edge keys. Cases from
@@ -62,8 +63,13 @@ PROJECTION = [  # GATv2's projected edge keys: fill, graph, dtype, D_e, H * F
     ('none', 'one', torch.float32, 3, 4),
     ('add', 'empty', torch.float16, 8, 64),
     ('add', 'random', torch.float32, 12, 36)]
-DROPOUT = [('add', 'smmf', torch.float32), ('dot', 'pmf', torch.bfloat16),
-           ('gatv2', 'smmf', torch.float32)]
+DROPOUT = [  # kind, strategy, dtype, heads (36: beyond the bits per edge)
+    ('add', 'smmf', torch.float32, 6), ('dot', 'pmf', torch.bfloat16, 2),
+    ('gatv2', 'smmf', torch.float32, 36)]
+
+KEY_ROW = [  # the SDDMMs with lanes over the key row: kind, H, D, graph, p
+    ('dot', 4, 32, 'batch', 0.3), ('gatv2', 8, 16, 'super', 0.3),
+    ('dot', 1, 128, 'isolated', 0.0)]
 
 
 SHORT = [  # short-owner kernels with features: kind, dtype, dropout, graph
@@ -89,6 +95,8 @@ def main() -> int:
         map(str, c))) for c in CASES] + [
             (tf.test_dropout_uses_one_mask_forward_and_backward, c,
              'dropout ' + ' '.join(map(str, c))) for c in DROPOUT] + [
+                 (tf.test_smmf_key_row_lanes, c,
+                  'key row ' + ' '.join(map(str, c))) for c in KEY_ROW] + [
                  (te.test_dots_and_sums_match_reference, c,
                   'edge_attr ' + ' '.join(map(str, c))) for c in EDGE_ATTR] + [
                  (te.test_vector_rows_match_reference, c,

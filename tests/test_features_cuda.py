@@ -171,7 +171,7 @@ def test_edge_terms_and_weights(kind, terms, dtype, strategy, graph_kind):
 
 
 @pytest.mark.parametrize('kind', ['dot', 'gatv2'])
-@pytest.mark.parametrize('heads,d', [(1, 128), (2, 64), (4, 32)])
+@pytest.mark.parametrize('heads,d', [(1, 128), (2, 64), (4, 32), (8, 16)])
 @pytest.mark.parametrize('graph_kind', ['batch', 'super', 'isolated'])
 @pytest.mark.parametrize('dropout', [0.0, 0.3])
 def test_smmf_key_row_lanes(kind, heads, d, graph_kind, dropout):
