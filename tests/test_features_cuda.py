@@ -386,20 +386,11 @@ def short_owner_case(tag, kind, terms, dtype, graph_kind):
     return graph, make_case(kind, terms, graph, 2, 16, 16, dtype, gen), gen
 
 
-@pytest.mark.parametrize('kind', ['add', 'dot'])
-@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize('graph_kind', ['batch', 'uniform'])
-def test_short_owner_kernels_dropout_only(kind, dtype, graph_kind,
-                                          monkeypatch):
-    """Dropout with no other feature runs the short kernels instantiated
-    with dropout alone (training_features.cuh's level 4), and the block
-    passes at the all level wherever they take over: out and every
-    gradient against the reference with the mask that the all-level call
-    of the same seed returns."""
-    cuda = _cuda()
-    graph, t, gen = short_owner_case(
-        f'dropout-only{kind}{dtype}{graph_kind}', kind, '', dtype, graph_kind)
-    monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', '1')
+def dropout_only_run(cuda, graph, kind, t, dtype, gen):
+    """Dropout 0.4 with no other feature (no weights returned) through the
+    SMMF path: out and every gradient against the reference with the mask
+    that the all-level call of the same seed returns (its weights after
+    dropout). Returns (the reference out, the CUDA kernels that ran)."""
     torch.manual_seed(7)
     with torch.no_grad():  # the mask: the weights after dropout (level 2)
         _, alpha = fused(cuda, graph, kind, t, 'smmf', 0.4, 'after_dropout')
@@ -413,14 +404,30 @@ def test_short_owner_kernels_dropout_only(kind, dtype, graph_kind,
         return out, g_out, grads_of((out * g_out).sum(), t)
 
     (out, g_out, got), names = cuda_kernels(step)
-    ran = [m for m in names if any(k in m for k in SHORT_KERNELS)]
-    if graph.num_edges > 0:
-        assert len(ran) == 3 and all(m.endswith(', 4>') for m in ran), ran
     ref_out, _, t64 = reference(graph, kind, t, 0.4, mask)
     assert rel_err(out, ref_out) <= TOL_OUT[dtype]
     assert_grads_close(got, grads_of((ref_out * g_out.double()).sum(), t64),
                        dtype)
-    # the block kernels (at the all level) draw the same mask
+    return ref_out, names
+
+
+@pytest.mark.parametrize('kind', ['add', 'dot'])
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize('graph_kind', ['batch', 'uniform'])
+def test_short_owner_kernels_dropout_only(kind, dtype, graph_kind,
+                                          monkeypatch):
+    """Dropout with no other feature runs the short kernels instantiated
+    with dropout alone (training_features.cuh's level 4), checked against
+    the reference; the block kernels, where they take over, draw the same
+    mask."""
+    cuda = _cuda()
+    graph, t, gen = short_owner_case(
+        f'dropout-only{kind}{dtype}{graph_kind}', kind, '', dtype, graph_kind)
+    monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', '1')
+    ref_out, names = dropout_only_run(cuda, graph, kind, t, dtype, gen)
+    ran = [m for m in names if any(k in m for k in SHORT_KERNELS)]
+    if graph.num_edges > 0:
+        assert len(ran) == 3 and all(m.endswith(', 4>') for m in ran), ran
     monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', '0')
     torch.manual_seed(7)
     out_block = fused(cuda, graph, kind, t, 'smmf', 0.4)
@@ -432,9 +439,8 @@ def test_short_owner_kernels_dropout_only(kind, dtype, graph_kind,
 @pytest.mark.parametrize('heads,d', [(4, 32), (1, 128), (3, 17)])
 def test_block_kernels_dropout_only(kind, dtype, heads, d, monkeypatch):
     """Dropout with no other feature in the SMMF forward and the block
-    backward passes (level 4; the key-row lanes at 4 x 32 / 1 x 128 fp32):
-    out and every gradient against the reference with the mask that the
-    all-level call of the same seed returns."""
+    backward passes (level 4; the key-row lanes at 4 x 32 / 1 x 128 fp32),
+    checked against the reference."""
     cuda = _cuda()
     seed = zlib.crc32(f'block-dropout{kind}{dtype}{heads}'.encode())
     gen = torch.Generator().manual_seed(seed)
@@ -442,28 +448,12 @@ def test_block_kernels_dropout_only(kind, dtype, heads, d, monkeypatch):
     graph = DFGraph.from_edge_index(ei.cuda(), size=size)
     t = make_case(kind, '', graph, heads, d, d, dtype, gen)
     monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', '0')
-    torch.manual_seed(7)
-    with torch.no_grad():  # the mask: the weights after dropout (level 2)
-        _, alpha = fused(cuda, graph, kind, t, 'smmf', 0.4, 'after_dropout')
-    mask = alpha != 0
-    torch.manual_seed(7)
-    poison_allocator()
-
-    def step():
-        out = fused(cuda, graph, kind, t, 'smmf', 0.4)  # (no weights)
-        g_out = torch.randn(out.shape, generator=gen).to(out)
-        return out, g_out, grads_of((out * g_out).sum(), t)
-
-    (out, g_out, got), names = cuda_kernels(step)
+    _, names = dropout_only_run(cuda, graph, kind, t, dtype, gen)
     if graph.num_edges > 0:
         assert any('smmf_fwd_kernel' in m and m.endswith(', 4>')
                    for m in names), names
         assert any('bwd_kernel' in m and ', 4, false>' in m
                    for m in names), names
-    ref_out, _, t64 = reference(graph, kind, t, 0.4, mask)
-    assert rel_err(out, ref_out) <= TOL_OUT[dtype]
-    assert_grads_close(got, grads_of((ref_out * g_out.double()).sum(), t64),
-                       dtype)
 
 
 @pytest.mark.parametrize('kind', ['add', 'dot'])
