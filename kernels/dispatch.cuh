@@ -8,9 +8,14 @@
 //     level 1 (the edge score alone) only where the constexpr bool SCORE
 //     allows, level 3 (score and weights) only where WEIGHTS does, level 4
 //     (dropout alone) only where DROPOUT does, else 2
+//   with_bound<MAX>(n, f)                       -> f(integral_constant B),
+//     the compile-time bound 4, 8 or MAX of a runtime size n <= MAX
 #pragma once
 
 #include <ATen/ATen.h>
+
+#include <cstdint>
+#include <type_traits>
 
 
 
@@ -105,3 +110,19 @@
     constexpr int NAME = 2;                                                \
     return __VA_ARGS__();                                                  \
   }()
+
+namespace pyg_dfgnn {
+
+// The bound of per-thread register arrays sized by a runtime n <= MAX
+// (heads, edge attribute width): 4, 8 or MAX, each one instantiation.
+template <int MAX, typename F>
+void with_bound(int64_t n, F&& f) {
+  if (n <= 4)
+    f(std::integral_constant<int, 4>{});
+  else if (n <= 8)
+    f(std::integral_constant<int, 8>{});
+  else
+    f(std::integral_constant<int, MAX>{});
+}
+
+}  // namespace pyg_dfgnn

@@ -368,21 +368,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 }  // namespace edge_project
 }  // namespace pyg_dfgnn
 
-namespace {
 using namespace pyg_dfgnn;
-
-// The De bound of the register arrays, from De (<= kEdgeProjectMaxDim).
-template <typename F>
-void with_max_dim(int64_t De, F&& f) {
-  if (De <= 4)
-    f(std::integral_constant<int, 4>{});
-  else if (De <= 8)
-    f(std::integral_constant<int, 8>{});
-  else
-    f(std::integral_constant<int, kEdgeProjectMaxDim>{});
-}
-
-}  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> edge_attr_project_cuda(
     const at::Tensor& rowptr, const c10::optional<at::Tensor>& index_opt,
@@ -479,7 +465,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> edge_attr_project_cuda(
     a.HF = (int)HF, a.De = (int)De, a.fill = (int)fill;
     a.vec = De % 4 == 0 && reinterpret_cast<uintptr_t>(a.x) %
                                  (4 * sizeof(scalar_t)) == 0;
-    with_max_dim(De, [&](auto max_dim) {
+    with_bound<kEdgeProjectMaxDim>(De, [&](auto max_dim) {
       constexpr int DE = decltype(max_dim)::value;
       if (backward)
         edge_project::project_bwd_kernel<scalar_t, DE>

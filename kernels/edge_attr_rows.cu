@@ -166,17 +166,6 @@ at::Tensor optional_input(const c10::optional<at::Tensor>& t,
 
 }  // namespace
 
-// The heads bound of the per-thread arrays, from H.
-template <typename F>
-void with_max_heads(int64_t H, F&& f) {
-  if (H <= 4)
-    f(std::integral_constant<int, 4>{});
-  else if (H <= 8)
-    f(std::integral_constant<int, 8>{});
-  else
-    f(std::integral_constant<int, kEdgeRowsMaxHeads>{});
-}
-
 // A node_mat of one row (edge_attr_shared.cuh): dots, then d x / d M; the
 // sums (d M) summed over the rows into out_sums [1, H, De].
 template <typename T>
@@ -191,7 +180,7 @@ void run_shared_mat(edge_rows::Args<T> a,
   const bool sums = a.sums != nullptr;
   a.sums = nullptr;  // (the grad kernel writes per-block partials instead)
   const auto fopts = out_sums.options();
-  with_max_heads(H, [&](auto max_h) {
+  with_bound<kEdgeRowsMaxHeads>(H, [&](auto max_h) {
     constexpr int MAXH = decltype(max_h)::value;
     if (a.dots != nullptr) {
       if (edge_blocks > 0)
@@ -361,7 +350,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> edge_attr_rows_cuda(
           else
             launch(std::integral_constant<int, 8>{});
         } else {
-          with_max_heads(H, [&](auto max_h) {
+          with_bound<kEdgeRowsMaxHeads>(H, [&](auto max_h) {
             edge_rows::edge_rows_kernel<scalar_t, decltype(max_h)::value>
                 <<<blocks, edge_rows::kThreads, 0, stream>>>(a);
           });

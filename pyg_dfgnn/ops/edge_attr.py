@@ -159,15 +159,21 @@ def edge_attr_sums_reference(emap: EdgeAttrMap, edge_attr: Tensor,
     return out.index_add(0, emap.row(), msg)
 
 
+def _zero_unused_rows(emap: EdgeAttrMap, grad_x: Tensor) -> None:
+    # The kernels write d edge_attr only for the rows an edge reads; the
+    # others (input self-loops the format removed) are zeroed alone, after.
+    if emap.unused_rows:
+        grad_x.index_fill_(0, emap.unused_index, 0)
+
+
 def _rows_op(emap: EdgeAttrMap, edge_attr: Tensor, node_mat, edge_weight,
              dots: bool, sums: bool, scatter: bool):
-    # (the rows of edge_attr no edge reads are zeroed alone, after)
     out = torch.ops.pyg_dfgnn.edge_attr_rows(
         emap.rowptr, emap.index, emap.num_edges, edge_attr,
         FILL_IDS[emap.fill], emap.fill_row, node_mat, edge_weight, dots, sums,
         scatter, emap.loop_pos, emap.edge_row)
-    if scatter and emap.unused_rows:
-        out[2].index_fill_(0, emap.unused_index, 0)
+    if scatter:
+        _zero_unused_rows(emap, out[2])
     return out
 
 
@@ -272,8 +278,8 @@ def _project_op(emap: EdgeAttrMap, edge_attr: Tensor, weight: Tensor,
     out = torch.ops.pyg_dfgnn.edge_attr_project(
         emap.rowptr, emap.index, emap.num_edges, edge_attr,
         FILL_IDS[emap.fill], fill_row, weight, grad, emap.loop_pos)
-    if grad is not None and emap.unused_rows:
-        out[1].index_fill_(0, emap.unused_index, 0)
+    if grad is not None:
+        _zero_unused_rows(emap, out[1])
     return out
 
 
