@@ -29,7 +29,8 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
   // of vectors and a head has L >= 4 of them (as the SMMF forward); not
   // at the all-features level (its registers: 248 -> 556 bytes of spills)
   const int L = D / VW;
-  const bool feature_lanes = VW > 1 && KIND != kAdd && FEAT != kFeatAll &&
+  const bool feature_lanes = std::is_same_v<T, float> && VW > 1 &&
+                             KIND != kAdd && FEAT != kFeatAll &&
                              HD_k == kWarpSize * VW && HF == HD_k && L >= 4 &&
                              (L & (L - 1)) == 0;
   float* lse_h = w.hv;

@@ -29,6 +29,10 @@ struct Args {
   T* __restrict__ dots;               // [E, H]
   float* __restrict__ sums;           // [rows, H, De]
   T* __restrict__ scatter;            // [n_in, De]
+  // scatter's second term (or nullptr): d x_p += sum_h w2[p, h] m2[i, h],
+  // staged in shared memory after M (2 H De <= kEdgeRowsMaxHD)
+  const T* __restrict__ m2;           // [rows, H, De]
+  const T* __restrict__ w2;           // [E, H]
   const int64_t* __restrict__ loop_pos;  // [rows]: loop entry, -1 (fill != 0)
   const int32_t* __restrict__ edge_row;  // [E]: each edge's row (fill != 0)
   int64_t n_rows, n_in, n_edges, m_stride;
@@ -65,7 +69,10 @@ __device__ __forceinline__ void row_dots(const T* xr, const float* m, int H,
 }
 template <typename T, int MAXH, int VW>
 __device__ __forceinline__ void row_scatter(T* gr, const float* m, int H,
-                                            int De, const float (&wv)[MAXH]) {
+                                            int De, const float (&wv)[MAXH],
+                                            const float (&wv2)[MAXH],
+                                            bool second) {
+  const float* m2 = m + H * De;  // (the second term's matrix, if any)
   for (int d = 0; d < De; d += VW) {
     float g[VW];
 #pragma unroll
@@ -75,6 +82,13 @@ __device__ __forceinline__ void row_scatter(T* gr, const float* m, int H,
       if (h < H)
 #pragma unroll
         for (int i = 0; i < VW; ++i) g[i] = fmaf(wv[h], m[h * De + d + i], g[i]);
+    if (second)
+#pragma unroll
+      for (int h = 0; h < MAXH; ++h)
+        if (h < H)
+#pragma unroll
+          for (int i = 0; i < VW; ++i)
+            g[i] = fmaf(wv2[h], m2[h * De + d + i], g[i]);
     store_vec<T, VW>(gr + d, g);
   }
 }
@@ -91,11 +105,15 @@ __device__ __forceinline__ void edge_dots(const Args<T>& a, int64_t r,
 template <typename T, int MAXH>
 __device__ __forceinline__ void edge_scatter(const Args<T>& a, int64_t r,
                                              const float* m,
-                                             const float (&wv)[MAXH]) {
+                                             const float (&wv)[MAXH],
+                                             const float (&wv2)[MAXH]) {
+  const bool second = a.m2 != nullptr;
   if (a.vec)
-    row_scatter<T, MAXH, kVW>(a.scatter + r * a.De, m, a.H, a.De, wv);
+    row_scatter<T, MAXH, kVW>(a.scatter + r * a.De, m, a.H, a.De, wv, wv2,
+                              second);
   else
-    row_scatter<T, MAXH, 1>(a.scatter + r * a.De, m, a.H, a.De, wv);
+    row_scatter<T, MAXH, 1>(a.scatter + r * a.De, m, a.H, a.De, wv, wv2,
+                            second);
 }
 
 // What a row's loop hands each of its `count` other edges: 1 / count of
@@ -113,8 +131,10 @@ __device__ __forceinline__ int64_t row_loop(const Args<T>& a, int64_t row) {
 }
 
 // The start of row `row` in the row kernels (one warp): M_i into the
-// warp's shared m (when given), the row's loop entry, the share of the
-// loop each other edge takes, and the loop weight handed to them (wl).
+// warp's shared m (when given; the second term's m2_i after it), the row's
+// loop entry, the share of the loop each other edge takes, and the loop
+// weight handed to them (wl[h]; the second term's at wl[kEdgeRowsMaxHeads
+// + h]).
 struct RowStart {
   int64_t lo, hi, loop_p;
   float share;
@@ -124,9 +144,13 @@ __device__ __forceinline__ RowStart begin_row(const Args<T>& a, int64_t row,
                                               int lane, float* m,
                                               float* wl) {
   const int H = a.H;
+  const int HD = H * a.De;
   if (a.m != nullptr)
-    for (int i = lane; i < H * a.De; i += kWarpSize)
+    for (int i = lane; i < HD; i += kWarpSize)
       m[i] = to_float(a.m[row * a.m_stride + i]);
+  if (a.m2 != nullptr)
+    for (int i = lane; i < HD; i += kWarpSize)
+      m[HD + i] = to_float(a.m2[row * HD + i]);
   RowStart rs;
   rs.lo = a.rowptr[row], rs.hi = a.rowptr[row + 1];
   rs.loop_p = row_loop(a, row);
@@ -136,6 +160,9 @@ __device__ __forceinline__ RowStart begin_row(const Args<T>& a, int64_t row,
   const bool handed = rs.loop_p >= 0 && (a.fill == 1 || a.fill == 2);
   if (a.w != nullptr && lane < H)
     wl[lane] = handed ? to_float(a.w[rs.loop_p * H + lane]) * rs.share : 0.f;
+  if (a.w2 != nullptr && lane < H)
+    wl[kEdgeRowsMaxHeads + lane] =
+        handed ? to_float(a.w2[rs.loop_p * H + lane]) * rs.share : 0.f;
   __syncwarp();
   return rs;
 }

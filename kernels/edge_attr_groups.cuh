@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(kThreads, SUMS && MAXH > 4 ? 3 : 4)
   static_assert(kVW == 4, "the group kernel reads M in float4");
   const bool dots = !SUMS && a.dots != nullptr;
   __shared__ __align__(16) float s_m[kWarps][kEdgeRowsMaxHD];
-  __shared__ float s_wl[kWarps][kEdgeRowsMaxHeads];
+  __shared__ float s_wl[kWarps][2 * kEdgeRowsMaxHeads];
   __shared__ float s_fill[kEdgeRowsMaxHD];
   const int H = a.H, De = a.De;
   if (a.fill == 3)
@@ -117,6 +117,21 @@ __global__ void __launch_bounds__(kThreads, SUMS && MAXH > 4 ? 3 : 4)
             g[2] = fmaf(wv[h], mv.z, g[2]);
             g[3] = fmaf(wv[h], mv.w, g[3]);
           }
+        if (a.m2 != nullptr) {  // (the second term: after M in shared m)
+          const float* m2 = m + H * De;
+#pragma unroll
+          for (int h = 0; h < MAXH; ++h)
+            if (h < H) {
+              const float w2 =
+                  to_float(a.w2[p * H + h]) + wl[kEdgeRowsMaxHeads + h];
+              const float4 mv =
+                  *reinterpret_cast<const float4*>(m2 + h * De + col);
+              g[0] = fmaf(w2, mv.x, g[0]);
+              g[1] = fmaf(w2, mv.y, g[1]);
+              g[2] = fmaf(w2, mv.z, g[2]);
+              g[3] = fmaf(w2, mv.w, g[3]);
+            }
+        }
         store_vec<T, kVW>(a.scatter + r * De + col, g);
       }
     }

@@ -48,7 +48,7 @@ namespace edge_rows {
 template <typename T, int MAXH>
 __global__ void __launch_bounds__(kThreads, 4) edge_rows_kernel(Args<T> a) {
   __shared__ float s_m[kWarps][kEdgeRowsMaxHD];
-  __shared__ float s_wl[kWarps][kEdgeRowsMaxHeads];
+  __shared__ float s_wl[kWarps][2 * kEdgeRowsMaxHeads];
   __shared__ float s_fill[kEdgeRowsMaxHD];
   const int H = a.H, De = a.De, HD = H * De;
   if (a.fill == 3)
@@ -87,11 +87,15 @@ __global__ void __launch_bounds__(kThreads, 4) edge_rows_kernel(Args<T> a) {
           }
       }
       if (a.scatter != nullptr) {
-        float wv[MAXH];
+        float wv[MAXH], wv2[MAXH];
 #pragma unroll
-        for (int h = 0; h < MAXH; ++h)
+        for (int h = 0; h < MAXH; ++h) {
           wv[h] = h < H ? to_float(a.w[p * H + h]) + wl[h] : 0.f;
-        edge_scatter(a, r, m, wv);
+          wv2[h] = h < H && a.w2 != nullptr
+                       ? to_float(a.w2[p * H + h]) + wl[kEdgeRowsMaxHeads + h]
+                       : 0.f;
+        }
+        edge_scatter(a, r, m, wv, wv2);
       }
     }
     if (a.dots != nullptr && loop_p >= 0)
@@ -228,7 +232,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> edge_attr_rows_cuda(
     const c10::optional<at::Tensor>& node_mat_opt,
     const c10::optional<at::Tensor>& edge_weight_opt, bool dots, bool sums,
     bool scatter, const c10::optional<at::Tensor>& loop_pos_opt,
-    const c10::optional<at::Tensor>& edge_row_opt) {
+    const c10::optional<at::Tensor>& edge_row_opt,
+    const c10::optional<at::Tensor>& node_mat2_opt,
+    const c10::optional<at::Tensor>& edge_weight2_opt) {
   TORCH_CHECK(edge_attr.is_cuda(), "edge_attr_rows: 'edge_attr' must be a "
               "CUDA tensor");
   const at::Device dev = edge_attr.device();
@@ -293,6 +299,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> edge_attr_rows_cuda(
   TORCH_CHECK(!sums || w.defined(), "edge_attr_rows: sums need 'edge_weight'");
   TORCH_CHECK(!scatter || (m.defined() && w.defined()),
               "edge_attr_rows: scatter needs 'node_mat' and 'edge_weight'");
+  const at::Tensor m2 = optional_input(node_mat2_opt, "node_mat2", dev);
+  const at::Tensor w2 = optional_input(edge_weight2_opt, "edge_weight2", dev);
+  TORCH_CHECK(m2.defined() == w2.defined(),
+              "edge_attr_rows: 'node_mat2' and 'edge_weight2' come together");
+  if (m2.defined()) {
+    TORCH_CHECK(scatter && m.size(0) == n_rows,
+                "edge_attr_rows: the second term is for the scatter of a "
+                "per-row 'node_mat'");
+    TORCH_CHECK(2 * H * De <= kEdgeRowsMaxHD,
+                "edge_attr_rows: the second term needs 2 H De <= ",
+                kEdgeRowsMaxHD);
+    TORCH_CHECK(m2.scalar_type() == dtype && m2.dim() == 3 &&
+                    m2.size(0) == n_rows && m2.size(1) == H &&
+                    m2.size(2) == De,
+                "edge_attr_rows: 'node_mat2' must be [N, H, De] in "
+                "edge_attr's dtype");
+    TORCH_CHECK(w2.scalar_type() == dtype && w2.dim() == 2 &&
+                    w2.size(0) == num_edges && w2.size(1) == H,
+                "edge_attr_rows: 'edge_weight2' must be [E, H] in "
+                "edge_attr's dtype");
+  }
 
   const auto opts = x.options();
   at::Tensor out_dots = at::empty({dots ? num_edges : 0, H}, opts);
@@ -319,6 +346,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> edge_attr_rows_cuda(
         a.dots = dots ? out_dots.data_ptr<scalar_t>() : nullptr;
         a.sums = sums ? out_sums.data_ptr<float>() : nullptr;
         a.scatter = scatter ? out_scatter.data_ptr<scalar_t>() : nullptr;
+        a.m2 = m2.defined() ? m2.data_ptr<scalar_t>() : nullptr;
+        a.w2 = w2.defined() ? w2.data_ptr<scalar_t>() : nullptr;
         a.loop_pos = fill != 0 ? loop_pos.data_ptr<int64_t>() : nullptr;
         a.edge_row = fill != 0 ? edge_row.data_ptr<int32_t>() : nullptr;
         a.n_rows = n_rows, a.n_in = n_in, a.n_edges = num_edges;

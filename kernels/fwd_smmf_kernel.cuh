@@ -68,8 +68,10 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
   // 128: 1 x 128, 2 x 64, 4 x 32, 8 x 16); else lane groups per (edge,
   // head) item.
   const int L = D / VW;
-  const bool feature_lanes = VW > 1 && KIND != kAdd &&
-                             HD_k == kWarpSize * VW && L >= 4 &&
+  // (fp32 only: in the half-precision kernels the path's code alone, never
+  // taken at their usual shapes, raised the spills)
+  const bool feature_lanes = std::is_same_v<T, float> && VW > 1 &&
+                             KIND != kAdd && HD_k == kWarpSize * VW && L >= 4 &&
                              (L & (L - 1)) == 0;
 
   auto v_row = [&](int e) -> const T* { return vb + (OFF)w.j[e] * HF; };

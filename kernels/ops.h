@@ -101,7 +101,11 @@ fused_attention_bwd_cuda(
 //   sums    [N, H, De]    S[i, h] = sum_p edge_weight[p, h] x_p   (float32;
 //                         [1, H, De], summed over the rows, when node_mat
 //                         has one row: the gradient of a shared M)
-//   scatter [E_in, De]    d x of either
+//   scatter [E_in, De]    d x of either: sum_h edge_weight[p, h]
+//                         node_mat[i, h], plus edge_weight2[p, h]
+//                         node_mat2[i, h] when those are given (the two
+//                         terms of TransformerConv's d x in one pass; per-row
+//                         node_mat, 2 H De <= kEdgeRowsMaxHD)
 // With a fill (1 mean, 2 sum, 3 const), loop_pos [N] (int64: the row's
 // self-loop entry, -1 for none) and edge_row [E] (int32: each edge's row),
 // cached with the graph's map: no kernel scans a row for its loop.
@@ -116,13 +120,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> edge_attr_rows_cuda(
     const c10::optional<at::Tensor>& node_mat,
     const c10::optional<at::Tensor>& edge_weight, bool dots, bool sums,
     bool scatter, const c10::optional<at::Tensor>& loop_pos,
-    const c10::optional<at::Tensor>& edge_row);
+    const c10::optional<at::Tensor>& edge_row,
+    const c10::optional<at::Tensor>& node_mat2,
+    const c10::optional<at::Tensor>& edge_weight2);
 
 inline constexpr const char* kEdgeAttrRowsSchema =
     "edge_attr_rows(Tensor rowptr, Tensor? index, int num_edges, "
     "Tensor edge_attr, int fill, Tensor? fill_row, Tensor? node_mat, "
     "Tensor? edge_weight, bool dots, bool sums, bool scatter, "
-    "Tensor? loop_pos, Tensor? edge_row) -> (Tensor, Tensor, Tensor)";
+    "Tensor? loop_pos, Tensor? edge_row, Tensor? node_mat2=None, "
+    "Tensor? edge_weight2=None) -> (Tensor, Tensor, Tensor)";
 
 // GATv2's edge keys projected from the raw edge attributes
 // (edge_attr_project.cu), the map as edge_attr_rows': forward (grad

@@ -72,6 +72,18 @@ KEY_ROW = [  # the SDDMMs with lanes over the key row: kind, H, D, graph, p
     ('dot', 1, 128, 'isolated', 0.0)]
 
 
+LINKED = [  # d edge_attr's two terms in one scatter: H, D_e, fill, graph
+    (4, 16, 'none', 'super', torch.float32), (12, 16, 'mean', 'random',
+                                              torch.bfloat16),
+    (3, 5, 'add', 'super', torch.float32)]
+
+
+def linked_case(*args):
+    import pytest
+    with pytest.MonkeyPatch.context() as mp:
+        te.test_linked_terms_match_reference(*args, mp)
+
+
 SHORT = [  # short-owner kernels with features: kind, dtype, dropout, graph
     ('add', torch.float32, 0.4, 'batch'),
     ('dot', torch.bfloat16, 0.4, 'isolated'),
@@ -102,6 +114,8 @@ def main() -> int:
                  (te.test_vector_rows_match_reference, c,
                   'edge_attr vector rows ' + ' '.join(map(str, c)))
                  for c in VECTOR_ROWS] + [
+                 (linked_case, c, 'edge_attr linked ' + ' '.join(map(str, c)))
+                 for c in LINKED] + [
                  (short_case, c,
                   'short ' + ' '.join(map(str, c))) for c in SHORT] + [
                  (te.check_projection, c + (i, ),

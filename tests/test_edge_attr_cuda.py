@@ -137,6 +137,86 @@ def check_dots_and_sums(fill, kind, dtype, shared, heads, dim, seed):
         assert bool((got[0][0] == 0).all())
 
 
+# The dots' backward writing both terms of d x (EdgeTermsLink): the weights
+# depend on the dots, as TransformerConv's attention weights on its scores.
+@pytest.mark.parametrize('heads,dim', [(4, 16), (12, 16), (3, 5)])
+@pytest.mark.parametrize('fill,kind', [('none', 'random'), ('none', 'super'),
+                                       ('mean', 'random'), ('add', 'super'),
+                                       ('const', 'random'), ('none', 'empty'),
+                                       ('mean', 'one')])
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
+def test_linked_terms_match_reference(heads, dim, fill, kind, dtype,
+                                      monkeypatch):
+    from pyg_dfgnn.ops import edge_attr as ea
+    seed = zlib.crc32(f'link{heads}{dim}{fill}{kind}{dtype}'.encode())
+    ei, n, loops, fill_value, structure, gen = map_case(fill, kind, seed)
+    x = torch.randn(ei.size(1), dim, generator=gen).to('cuda', dtype)
+    emap = structure.edge_attr_map(ei, x, fill_value)
+    m = torch.randn(n, heads, dim, generator=gen).to('cuda', dtype)
+    w0 = torch.randn(emap.num_edges, heads, generator=gen).to('cuda', dtype)
+    g_dots = torch.randn(emap.num_edges, heads, generator=gen).cuda()
+    g_sums = torch.randn(n, heads, dim, generator=gen).cuda()
+    emap64 = emap if emap.fill_row is None else \
+        type(emap)(**{**emap.__dict__, 'fill_row': emap.fill_row.double()})
+    seconds = []
+    rows_op = ea._rows_op
+    monkeypatch.setattr(ea, '_rows_op', lambda *args: seconds.append(
+        len(args) > 7 and args[7] is not None) or rows_op(*args))
+
+    def chain(x, m, w0, dots_fn, sums_fn):
+        dots = dots_fn(x, m)
+        sums = sums_fn(x, torch.sigmoid(dots) * w0)
+        return (dots * g_dots.to(dots)).sum() + (sums * g_sums.to(sums)).sum()
+
+    leaves = [t.detach().requires_grad_() for t in (x, m, w0)]
+    poison_allocator()
+    link = ea.EdgeTermsLink()
+    got = torch.autograd.grad(chain(
+        *leaves, lambda x, m: ea.edge_attr_dots(emap, x, m, link),
+        lambda x, w: ea.edge_attr_sums(emap, x, w, link)), leaves)
+    assert link.handed is None
+    assert seconds.count(True) == (1 if ea.link_supported(emap, heads, dim)
+                                   else 0)
+    ref = [t.detach().double().requires_grad_() for t in (x, m, w0)]
+    want = torch.autograd.grad(chain(
+        *ref, lambda x, m: ea.edge_attr_dots_reference(emap64, x, m),
+        lambda x, w: ea.edge_attr_sums_reference(emap64, x, w)), ref,
+        allow_unused=True)
+    # PyTorch's own float32 ops on the chain set the bar too: a row's loop
+    # that sums ~3,000 others ('add' on the super node) costs them ~5e-5
+    ref32 = [t.detach().float().requires_grad_() for t in (x, m, w0)]
+    emap32 = emap if emap.fill_row is None else \
+        type(emap)(**{**emap.__dict__, 'fill_row': emap.fill_row.float()})
+    want32 = torch.autograd.grad(chain(
+        *ref32, lambda x, m: ea.edge_attr_dots_reference(emap32, x, m),
+        lambda x, w: ea.edge_attr_sums_reference(emap32, x, w)), ref32,
+        allow_unused=True)
+    for name, a, b, b32, t in zip(('edge_attr', 'node_mat', 'w0'), got,
+                                  want, want32, ref):
+        b = torch.zeros_like(t) if b is None else b
+        b32 = torch.zeros_like(t) if b32 is None else b32
+        tol = max(2 * TOL[dtype], 3 * rel_err(b32, b, floor=1e-3))
+        assert torch.isfinite(a).all(), name
+        assert rel_err(a, b, floor=1e-3) <= tol, name
+
+    # A pass without the dots' backward drops what the sums handed: the
+    # next pass (the dots alone) must not add it.
+    link = ea.EdgeTermsLink()
+    dots = ea.edge_attr_dots(emap, leaves[0], leaves[1], link)
+    sums = ea.edge_attr_sums(emap, leaves[0], torch.sigmoid(dots) * leaves[2],
+                             link)
+    torch.autograd.grad((sums * g_sums.to(sums)).sum(), leaves[2],
+                        retain_graph=True)
+    assert link.handed is None
+    alone = torch.autograd.grad((dots * g_dots.to(dots)).sum(), leaves[0])[0]
+    ref_alone = torch.autograd.grad(
+        (ea.edge_attr_dots_reference(emap64, ref[0], ref[1]) *
+         g_dots.double()).sum(), ref[0], allow_unused=True)[0]
+    if ref_alone is None:
+        ref_alone = torch.zeros_like(ref[0])
+    assert rel_err(alone, ref_alone, floor=1e-3) <= 2 * TOL[dtype]
+
+
 def test_deterministic():
     _kernels()
     ei = torch.randint(0, 300, (2, 5000), device='cuda')

@@ -111,7 +111,7 @@ def _fused_fake(rowptr, col, colptr, csc_row, csc_perm, kind, query, key,
 
 def _edge_rows_fake(rowptr, index, num_edges, edge_attr, fill, fill_row,
                     node_mat, edge_weight, dots, sums, scatter,
-                    loop_pos, edge_row):
+                    loop_pos, edge_row, node_mat2=None, edge_weight2=None):
     heads = node_mat.shape[1] if node_mat is not None else \
         edge_weight.shape[1]
     n_rows, dim = rowptr.shape[0] - 1, edge_attr.shape[1]

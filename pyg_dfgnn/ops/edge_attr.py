@@ -167,21 +167,56 @@ def _zero_unused_rows(emap: EdgeAttrMap, grad_x: Tensor) -> None:
 
 
 def _rows_op(emap: EdgeAttrMap, edge_attr: Tensor, node_mat, edge_weight,
-             dots: bool, sums: bool, scatter: bool):
+             dots: bool, sums: bool, scatter: bool, second=None):
+    node_mat2, edge_weight2 = second if second is not None else (None, None)
     out = torch.ops.pyg_dfgnn.edge_attr_rows(
         emap.rowptr, emap.index, emap.num_edges, edge_attr,
         FILL_IDS[emap.fill], emap.fill_row, node_mat, edge_weight, dots, sums,
-        scatter, emap.loop_pos, emap.edge_row)
+        scatter, emap.loop_pos, emap.edge_row, node_mat2, edge_weight2)
     if scatter:
         _zero_unused_rows(emap, out[2])
     return out
 
 
+class EdgeTermsLink:
+    r"""Joins the backward of an :func:`edge_attr_dots` and an
+    :func:`edge_attr_sums` of the same ``edge_attr`` whose weights depend
+    on the dots (TransformerConv: the scores' edge term, then the sum of
+    the attention weights' edges): the sums' backward leaves its part of
+    :math:`\partial \mathbf{x}_p` (:math:`\sum_h W_{ph}
+    \partial\mathbf{S}_{ih}`) to the dots' backward, which runs after it
+    (the weights' gradient reaches the dots through them) and writes both
+    terms in one scatter: one [E_in, D_e] gradient written, not two written
+    and then added. A pass in which the dots' backward does not run (no
+    gradient asked of ``edge_attr`` or of what made it) drops the handed
+    part at its end, so that it never reaches a later pass."""
+
+    def __init__(self) -> None:
+        self.handed: Optional[tuple] = None
+
+    def hand(self, grad_sums: Tensor, edge_weight: Tensor) -> None:
+        self.handed = (grad_sums, edge_weight)
+        torch.autograd.Variable._execution_engine.queue_callback(self.drop)
+
+    def take(self) -> Optional[tuple]:
+        handed, self.handed = self.handed, None
+        return handed
+
+    def drop(self) -> None:
+        self.handed = None
+
+
+def link_supported(emap: EdgeAttrMap, heads: int, edge_dim: int) -> bool:
+    """Whether one scatter takes both terms (the kernel stages both
+    matrices of a row in shared memory)."""
+    return 2 * heads * edge_dim <= MAX_HEADS_X_DIM and emap.num_rows > 0
+
+
 class _EdgeAttrDots(torch.autograd.Function):
     @staticmethod
     def forward(ctx, edge_attr: Tensor, node_mat: Tensor,
-                emap: EdgeAttrMap) -> Tensor:
-        ctx.emap = emap
+                emap: EdgeAttrMap, link: Optional[EdgeTermsLink]) -> Tensor:
+        ctx.emap, ctx.link = emap, link
         ctx.save_for_backward(edge_attr, node_mat)
         return _rows_op(emap, edge_attr, node_mat, None, True, False,
                         False)[0]
@@ -190,19 +225,26 @@ class _EdgeAttrDots(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         edge_attr, node_mat = ctx.saved_tensors
         need_x, need_m = ctx.needs_input_grad[:2]
+        handed = ctx.link.take() if ctx.link is not None else None
         # d M_i = sum_p dT_p x_p (sums), d x_p = sum_h dT_ph M_ih (scatter)
+        # (+ sum_h W_ph dS_ih handed over by the linked sums)
+        second = None
+        if handed is not None and need_x:
+            grad_sums, edge_weight = handed
+            second = (grad_sums, edge_weight)
         _, g_m, g_x = _rows_op(ctx.emap, edge_attr, node_mat,
-                               grad.contiguous(), False, need_m, need_x)
+                               grad.contiguous(), False, need_m, need_x,
+                               second)
         if need_m:  # (a shared M's comes summed over the rows)
             g_m = g_m.to(node_mat.dtype)
-        return g_x if need_x else None, g_m if need_m else None, None
+        return g_x if need_x else None, g_m if need_m else None, None, None
 
 
 class _EdgeAttrSums(torch.autograd.Function):
     @staticmethod
     def forward(ctx, edge_attr: Tensor, edge_weight: Tensor,
-                emap: EdgeAttrMap) -> Tensor:
-        ctx.emap = emap
+                emap: EdgeAttrMap, link: Optional[EdgeTermsLink]) -> Tensor:
+        ctx.emap, ctx.link = emap, link
         ctx.save_for_backward(edge_attr, edge_weight)
         return _rows_op(emap, edge_attr, None, edge_weight, False, True,
                         False)[1].to(edge_attr.dtype)
@@ -211,11 +253,17 @@ class _EdgeAttrSums(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         edge_attr, edge_weight = ctx.saved_tensors
         need_x, need_w = ctx.needs_input_grad[:2]
+        grad = grad.to(edge_attr.dtype).contiguous()
+        # the linked dots' backward writes this part of d x with its own
+        # (a gradient of the weights is what makes it run after this one)
+        hand = ctx.link is not None and need_x and need_w
+        if hand:
+            ctx.link.hand(grad, edge_weight)
         # d W_ph = <dS_ih, x_p> (dots), d x_p = sum_h W_ph dS_ih (scatter)
-        g_w, _, g_x = _rows_op(ctx.emap, edge_attr,
-                               grad.to(edge_attr.dtype).contiguous(),
-                               edge_weight, need_w, False, need_x)
-        return g_x if need_x else None, g_w if need_w else None, None
+        scatter = need_x and not hand
+        g_w, _, g_x = _rows_op(ctx.emap, edge_attr, grad, edge_weight,
+                               need_w, False, scatter)
+        return g_x if scatter else None, g_w if need_w else None, None, None
 
 
 def _use_kernels(edge_attr: Tensor) -> bool:
@@ -224,10 +272,12 @@ def _use_kernels(edge_attr: Tensor) -> bool:
 
 
 def edge_attr_dots(emap: EdgeAttrMap, edge_attr: Tensor,
-                   node_mat: Tensor) -> Tensor:
+                   node_mat: Tensor,
+                   link: Optional[EdgeTermsLink] = None) -> Tensor:
     r""":math:`T_{ph} = \langle \mathbf{M}_{ih}, \mathbf{x}_p \rangle`
     [E, H] for CSR edge ``p`` into row ``i``; ``node_mat`` [N or 1, H, D_e]
-    (one row: shared by all nodes), in ``edge_attr``'s dtype."""
+    (one row: shared by all nodes), in ``edge_attr``'s dtype. ``link``: see
+    :class:`EdgeTermsLink` (a per-row ``node_mat``)."""
     _check(emap, edge_attr, node_mat.shape[1])
     if node_mat.dim() != 3 or node_mat.size(0) not in (1, emap.num_rows) \
             or node_mat.size(2) != edge_attr.size(1):
@@ -235,21 +285,29 @@ def edge_attr_dots(emap: EdgeAttrMap, edge_attr: Tensor,
                          f" H, {edge_attr.size(1)}] (got "
                          f"{list(node_mat.shape)})")
     if _use_kernels(edge_attr):
-        return _EdgeAttrDots.apply(edge_attr, node_mat.contiguous(), emap)
+        if link is not None and node_mat.size(0) != emap.num_rows:
+            raise ValueError("a linked 'edge_attr_dots' needs one 'node_mat' "
+                             "row per node")
+        return _EdgeAttrDots.apply(edge_attr, node_mat.contiguous(), emap,
+                                   link)
     return edge_attr_dots_reference(emap, edge_attr, node_mat)
 
 
 def edge_attr_sums(emap: EdgeAttrMap, edge_attr: Tensor,
-                   edge_weight: Tensor) -> Tensor:
+                   edge_weight: Tensor,
+                   link: Optional[EdgeTermsLink] = None) -> Tensor:
     r""":math:`\mathbf{S}_{ih} = \sum_p W_{ph} \mathbf{x}_p` [N, H, D_e]
     over the CSR edges ``p`` into row ``i``; ``edge_weight`` [E, H] in
-    ``edge_attr``'s dtype."""
+    ``edge_attr``'s dtype. ``link``: the one given to the
+    :func:`edge_attr_dots` that ``edge_weight`` depends on
+    (:class:`EdgeTermsLink`)."""
     _check(emap, edge_attr, edge_weight.shape[-1])
     if edge_weight.shape != (emap.num_edges, edge_weight.size(-1)):
         raise ValueError(f"'edge_weight' must have shape [{emap.num_edges}, "
                          f"H] (got {list(edge_weight.shape)})")
     if _use_kernels(edge_attr):
-        return _EdgeAttrSums.apply(edge_attr, edge_weight.contiguous(), emap)
+        return _EdgeAttrSums.apply(edge_attr, edge_weight.contiguous(), emap,
+                                   link)
     return edge_attr_sums_reference(emap, edge_attr, edge_weight)
 
 
@@ -321,6 +379,7 @@ def _check(emap: EdgeAttrMap, edge_attr: Tensor, heads: int) -> None:
                          f"(got {heads} x {edge_attr.size(1)})")
 
 
-__all__ = ['EdgeAttrMap', 'edge_attr_dots', 'edge_attr_sums',
+__all__ = ['EdgeAttrMap', 'EdgeTermsLink', 'link_supported',
+           'edge_attr_dots', 'edge_attr_sums',
            'edge_attr_project', 'supported', 'project_supported',
            'csr_edge_attr']

@@ -23,8 +23,10 @@ from pyg_dfgnn.nn.conv.utils import (
 from pyg_dfgnn.ops import fused_attention
 from pyg_dfgnn.ops.edge_attr import (
     EdgeAttrMap,
+    EdgeTermsLink,
     edge_attr_dots,
     edge_attr_sums,
+    link_supported,
     supported,
 )
 
@@ -298,12 +300,16 @@ class DFTransformerConv(MessagePassing):
         edge_attr = edge_attr.to(dtype)
         node_mat = (query.reshape(n_dst, H * C) @ (weight * scale)).view(
             n_dst, H, dim)
-        edge_score = edge_attr_dots(emap, edge_attr, node_mat)
+        # d edge_attr's two terms in one scatter (not under torch.compile:
+        # the link is Python state that its traced backward would not keep)
+        link = EdgeTermsLink() if link_supported(
+            emap, H, dim) and not torch.compiler.is_compiling() else None
+        edge_score = edge_attr_dots(emap, edge_attr, node_mat, link)
         out, alpha = fused_attention(
             structure.graph, 'dot', value, query, key, scale=scale,
             edge_score=edge_score, dropout=self.dropout,
             training=self.training, return_attention=True)
-        edge_msg = edge_attr_sums(emap, edge_attr, alpha)
+        edge_msg = edge_attr_sums(emap, edge_attr, alpha, link)
         # out + Theta_e S_i accumulated by the GEMM itself (no extra pass)
         out = torch.addmm(out.reshape(n_dst, H * C),
                           edge_msg.reshape(n_dst, H * dim),
