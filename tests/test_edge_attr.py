@@ -146,3 +146,42 @@ def test_projection_reference_is_lin_of_the_filled_rows(fill_value):
         torch.testing.assert_close(a, b)
     with pytest.raises(ValueError, match='weight'):
         edge_attr_project(emap, x, w[:, :5])
+
+
+def test_edge_terms_link_drops_a_hand_over_at_the_end_of_the_pass():
+    # What a linked sums' backward hands over lives for one backward pass:
+    # taken by the dots' backward in it, or dropped when it ends.
+    from pyg_dfgnn.ops.edge_attr import EdgeTermsLink
+
+    link = EdgeTermsLink()
+    seen = []
+
+    class Hands(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            link.hand(g, g)
+            seen.append(link.handed is not None)
+            return g * 2
+
+    class Takes(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t + 1
+
+        @staticmethod
+        def backward(ctx, g):
+            seen.append(link.take() is not None)
+            return g
+
+    a = torch.ones(3, requires_grad=True)
+    Hands.apply(a).sum().backward()  # nothing takes it
+    assert seen == [True] and link.handed is None
+    Takes.apply(Hands.apply(a)).sum().backward()  # Takes runs first
+    assert seen == [True, False, True] and link.handed is None
+    seen.clear()
+    Hands.apply(Takes.apply(a)).sum().backward()  # Takes runs after Hands
+    assert seen == [True, True] and link.handed is None
