@@ -51,9 +51,22 @@ __global__ void __launch_bounds__(kThreads, SUMS && MAXH > 4 ? 3 : 4)
   const RowStart rs = begin_row(a, row, lane, m, wl);
   const int64_t lo = rs.lo, hi = rs.hi, loop_p = rs.loop_p;
 
-  const int slots = kWarpSize / G, slot = lane / G;
-  const int col = (lane % G) * kVW;  // this lane's first column
+  // (G is a power of two: masks and shifts, not integer division, in the
+  // per-edge code)
+  const int gmask = G - 1, slots = kWarpSize / G, slot = lane >> (__ffs(G) - 1);
+  const int lg = lane & gmask;
+  const int col = lg * kVW;  // this lane's first column
   const bool has_col = col < De;
+  // the dots' M slice of this lane in registers for the row, up to 4
+  // heads (per edge, the shared-memory reads of M were a quarter of the
+  // kernel's instructions; 8 heads' slices would spill)
+  constexpr int kRegH = !SUMS && MAXH <= 4 ? MAXH : 1;
+  float mr[kRegH][kVW];
+#pragma unroll
+  for (int h = 0; h < kRegH; ++h)
+#pragma unroll
+    for (int i = 0; i < kVW; ++i)
+      mr[h][i] = dots && h < H && has_col ? m[h * De + col + i] : 0.f;
   float dsum[MAXH];  // the row's dots (for its loop), on the group's lane 0
   float acc[SUMS ? MAXH : 1][kVW];
 #pragma unroll
@@ -76,21 +89,24 @@ __global__ void __launch_bounds__(kThreads, SUMS && MAXH > 4 ? 3 : 4)
       float part[MAXH];
 #pragma unroll
       for (int h = 0; h < MAXH; ++h) {
-        part[h] = 0.f;
-        if (h < H && has_col) {
-          const float4 mv = *reinterpret_cast<const float4*>(m + h * De + col);
-          part[h] = fmaf(mv.x, xv[0], fmaf(mv.y, xv[1],
-                    fmaf(mv.z, xv[2], mv.w * xv[3])));
-        }
+        float4 mv = make_float4(0.f, 0.f, 0.f, 0.f);
+        if constexpr (kRegH == MAXH)
+          mv = make_float4(mr[h][0], mr[h][1], mr[h][2], mr[h][3]);
+        else if (h < H && has_col)
+          mv = *reinterpret_cast<const float4*>(m + h * De + col);
+        part[h] = fmaf(mv.x, xv[0], fmaf(mv.y, xv[1],
+                  fmaf(mv.z, xv[2], mv.w * xv[3])));
       }
 #pragma unroll
       for (int h = 0; h < MAXH; ++h) {
         if (h >= H) break;  // (warp-uniform)
-        for (int o = G / 2; o > 0; o >>= 1)
-          part[h] += __shfl_xor_sync(kFullMask, part[h], o);
-        if (live && lane % G == h % G)
+#pragma unroll
+        for (int o = kWarpSize / 2; o > 0; o >>= 1)
+          if (o < G)  // (warp-uniform)
+            part[h] += __shfl_xor_sync(kFullMask, part[h], o);
+        if (live && lg == (h & gmask))
           a.dots[p * H + h] = from_float<T>(part[h]);
-        if (live && lane % G == 0) dsum[h] += part[h];
+        if (live && lg == 0) dsum[h] += part[h];
       }
     }
     if (SUMS || a.scatter != nullptr) {
