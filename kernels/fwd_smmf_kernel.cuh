@@ -13,7 +13,9 @@ namespace fwd {
 // Shared memory of an SMMF block (byte offsets, 16-byte aligned):
 // staged K rows [span][HD_k] T | staged V rows [span][H*F] T |
 // att fp32 [HD_att] | block scalars | per warp: query row fp32 [HD_k] |
-// p fp32 [H][kRowChunk] | m, l, corr fp32 [H] each | sources int32 [kRowChunk].
+// p fp32 [H][kRowChunk] | sources int32 [kRowChunk] | m, l, corr fp32 [H]
+// each (p and the sources 16-byte aligned when HD_k % 4 == 0: read 4
+// edges at a time).
 struct SmmfLayout {
   size_t v, att, scalars, warps, warp_bytes, total;
 };
@@ -35,11 +37,49 @@ __host__ __device__ inline SmmfLayout smmf_layout(int span, int H, int HD_k,
 struct SmmfWarp {
   float* q;   // query row, fp32 [HD_k] (query and key rows match)
   float* p;   // scores / exp values of the chunk [H][kRowChunk]
+  int* j;     // chunk sources, relative to the K / V base [kRowChunk]
   float* m;   // running max [H]
   float* l;   // running sum [H]
   float* c;   // rescale factor of the last chunk [H]
-  int* j;     // chunk sources, relative to the K / V base [kRowChunk]
 };
+
+// The SpMM of a chunk where a row is exactly one vector per lane (H * F =
+// 32 VW: one pass, one slot, every lane on each edge): the sources and
+// weights of 4 edges at a time in one int4 / float4 read each, instead of
+// one broadcast read per edge for each (at 1 x 128 the SpMM's reads of p
+// and j were a third of its shared-memory instructions). p and j 16-byte
+// aligned.
+template <typename T, int VW, int SLOTS, typename OFF>
+__device__ __forceinline__ void spmm_one_slot(float (&acc)[SLOTS][VW],
+                                              const SmmfWarp& w, const T* vb,
+                                              int lane, int h, int n) {
+  const T* vl = vb + lane * VW;
+  const float* ph = w.p + h * kRowChunk;
+  int e = 0;
+  for (; e + 3 < n; e += 4) {
+    const int4 j4 = *reinterpret_cast<const int4*>(w.j + e);
+    float x[4][VW];
+    load_vec<T, VW>(vl + (OFF)j4.x * (kWarpSize * VW), x[0]);
+    load_vec<T, VW>(vl + (OFF)j4.y * (kWarpSize * VW), x[1]);
+    load_vec<T, VW>(vl + (OFF)j4.z * (kWarpSize * VW), x[2]);
+    load_vec<T, VW>(vl + (OFF)j4.w * (kWarpSize * VW), x[3]);
+    const float4 p4 = *reinterpret_cast<const float4*>(ph + e);
+#pragma unroll
+    for (int i = 0; i < VW; ++i) {
+      acc[0][i] = fmaf(p4.x, x[0][i], acc[0][i]);
+      acc[0][i] = fmaf(p4.y, x[1][i], acc[0][i]);
+      acc[0][i] = fmaf(p4.z, x[2][i], acc[0][i]);
+      acc[0][i] = fmaf(p4.w, x[3][i], acc[0][i]);
+    }
+  }
+  for (; e < n; ++e) {
+    float x[VW];
+    load_vec<T, VW>(vl + (OFF)w.j[e] * (kWarpSize * VW), x);
+    const float p = ph[e];
+#pragma unroll
+    for (int i = 0; i < VW; ++i) acc[0][i] = fmaf(p, x[i], acc[0][i]);
+  }
+}
 
 // One warp, rows taken from `next` until `r_end`: chunks of kRowChunk edges,
 // SDDMM -> online softmax -> SpMM. K / V rows of source j are at
@@ -74,6 +114,8 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
                              KIND != kAdd && HD_k == kWarpSize * VW && L >= 4 &&
                              (L & (L - 1)) == 0;
 
+  // a value row of one vector per lane, p / j aligned for 4-edge reads
+  const bool one_slot = slots == kWarpSize && (HD_k & 3) == 0;
   auto v_row = [&](int e) -> const T* { return vb + (OFF)w.j[e] * HF; };
   auto get_p = [&](int e, int h) -> float { return w.p[h * C + e]; };
   uint64_t seed, offset;
@@ -233,8 +275,11 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
             for (int i = 0; i < VW; ++i) acc[s][i] *= corr;
           }
         }
-        spmm_accumulate<T, VW, SLOTS>(acc, slots, c0, group, ls, sub, 0, n, hs,
-                                      v_row, get_p);
+        if (one_slot)
+          spmm_one_slot<T, VW, SLOTS, OFF>(acc, w, vb, lane, hs[0], n);
+        else
+          spmm_accumulate<T, VW, SLOTS>(acc, slots, c0, group, ls, sub, 0, n,
+                                        hs, v_row, get_p);
         // the edges' value terms: rows in CSR order
         if (kHasEdgeKV<FEAT> && a.et.ev != nullptr)
           spmm_accumulate<T, VW, SLOTS>(
@@ -329,10 +374,10 @@ __global__ void __launch_bounds__(kSmmfMaxThreads)
   SmmfWarp w;
   w.q = base;
   w.p = w.q + HD_k;
-  w.m = w.p + H * kRowChunk;
+  w.j = reinterpret_cast<int*>(w.p + H * kRowChunk);
+  w.m = reinterpret_cast<float*>(w.j + kRowChunk);
   w.l = w.m + H;
   w.c = w.l + H;
-  w.j = reinterpret_cast<int*>(w.c + H);
   if (staged)
     smmf_rows<T, KIND, VW, SLOTS, int, FEAT>(a, w, s_next, r_begin, r_end, s_k, s_v,
                                        src_lo, s_att);
