@@ -127,11 +127,8 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
                   add_vec<T, VW>(a.et.ev + (cb + e) * HF + lane * VW, vx);
 #pragma unroll
                 for (int i = 0; i < VW; ++i) {
-                  if constexpr (KIND == kDot)
-                    vs[b] = fmaf(qv[i], kx[i], vs[b]);
-                  else
-                    vs[b] = fmaf(av[i], leaky_relu(qv[i] + kx[i], a.slope),
-                                 vs[b]);
+                  vs[b] = score_elem<KIND>(qv[i], kx[i], av[i], a.slope,
+                                           vs[b]);
                   vd[b] = fmaf(ov[i], vx[i], vd[b]);
                 }
               }

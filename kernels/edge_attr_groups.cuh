@@ -122,32 +122,25 @@ __global__ void __launch_bounds__(kThreads, SUMS && MAXH > 4 ? 3 : 4)
             acc[h][i] = fmaf(wv[h], xv[i], acc[h][i]);
       }
       if (a.scatter != nullptr && live && has_col) {
+        // g += w'_h M_h over the heads: M's slice in shared memory
         float g[kVW] = {0.f, 0.f, 0.f, 0.f};
+        auto add_term = [&](int h, float wt, const float* mm) {
+          const float4 mv = *reinterpret_cast<const float4*>(mm + h * De + col);
+          g[0] = fmaf(wt, mv.x, g[0]);
+          g[1] = fmaf(wt, mv.y, g[1]);
+          g[2] = fmaf(wt, mv.z, g[2]);
+          g[3] = fmaf(wt, mv.w, g[3]);
+        };
 #pragma unroll
         for (int h = 0; h < MAXH; ++h)
-          if (h < H) {
-            const float4 mv =
-                *reinterpret_cast<const float4*>(m + h * De + col);
-            g[0] = fmaf(wv[h], mv.x, g[0]);
-            g[1] = fmaf(wv[h], mv.y, g[1]);
-            g[2] = fmaf(wv[h], mv.z, g[2]);
-            g[3] = fmaf(wv[h], mv.w, g[3]);
-          }
-        if (a.m2 != nullptr) {  // (the second term: after M in shared m)
-          const float* m2 = m + H * De;
+          if (h < H) add_term(h, wv[h], m);
+        if (a.m2 != nullptr)  // (the second term: after M in shared m)
 #pragma unroll
           for (int h = 0; h < MAXH; ++h)
-            if (h < H) {
-              const float w2 =
-                  to_float(a.w2[p * H + h]) + wl[kEdgeRowsMaxHeads + h];
-              const float4 mv =
-                  *reinterpret_cast<const float4*>(m2 + h * De + col);
-              g[0] = fmaf(w2, mv.x, g[0]);
-              g[1] = fmaf(w2, mv.y, g[1]);
-              g[2] = fmaf(w2, mv.z, g[2]);
-              g[3] = fmaf(w2, mv.w, g[3]);
-            }
-        }
+            if (h < H)
+              add_term(h,
+                       to_float(a.w2[p * H + h]) + wl[kEdgeRowsMaxHeads + h],
+                       m + H * De);
         store_vec<T, kVW>(a.scatter + r * De + col, g);
       }
     }

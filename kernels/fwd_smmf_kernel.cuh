@@ -183,14 +183,7 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
                 load_vec<T, VW>(kb + (OFF)w.j[e] * HD_k + lane * VW, kx);
                 if (kHasEdgeKV<FEAT> && a.et.ek != nullptr)
                   add_vec<T, VW>(a.et.ek + (cb + e) * HD_k + lane * VW, kx);
-#pragma unroll
-                for (int i = 0; i < VW; ++i) {
-                  if constexpr (KIND == kDot)
-                    v[b] = fmaf(qv[i], kx[i], v[b]);
-                  else
-                    v[b] = fmaf(av[i], leaky_relu(qv[i] + kx[i], a.slope),
-                                v[b]);
-                }
+                v[b] = score_vec<KIND, VW>(qv, kx, av, a.slope, v[b]);
               }
             }
             const int k = transpose_sum8(v, L);

@@ -24,6 +24,29 @@ __device__ __forceinline__ float leaky_relu_grad(float x, float slope) {
   return x > 0.f ? 1.f : slope;
 }
 
+// One element's share of an (edge, head) score added to acc: q k ('dot')
+// or att leaky_relu(q + k) ('gatv2'; att unused for 'dot').
+template <int KIND>
+__device__ __forceinline__ float score_elem(float q, float k, float att,
+                                            float slope, float acc) {
+  if constexpr (KIND == kDot)
+    return fmaf(q, k, acc);
+  else
+    return fmaf(att, leaky_relu(q + k, slope), acc);
+}
+
+// score_elem over one VW-vector.
+template <int KIND, int VW>
+__device__ __forceinline__ float score_vec(const float (&q)[VW],
+                                           const float (&k)[VW],
+                                           const float (&att)[VW],
+                                           float slope, float acc) {
+#pragma unroll
+  for (int i = 0; i < VW; ++i)
+    acc = score_elem<KIND>(q[i], k[i], att[i], slope, acc);
+  return acc;
+}
+
 // Partial score of one (edge, head) item over this lane's share of D.
 // e_row (nullptr: none) is the edge's key term, added to the key row.
 template <int KIND, typename T, int VW>
@@ -38,16 +61,9 @@ __device__ __forceinline__ float score_part(const float* q_row,
     load_vec<T, VW>(k_row + d, kx);
     if (e_row != nullptr) add_vec<T, VW>(e_row + d, kx);
     load_smem<VW>(q_row + d, qx);
-    if constexpr (KIND == kDot) {
-#pragma unroll
-      for (int i = 0; i < VW; ++i) acc = fmaf(qx[i], kx[i], acc);
-    } else {
-      float ax[VW];
-      load_smem<VW>(att + d, ax);
-#pragma unroll
-      for (int i = 0; i < VW; ++i)
-        acc = fmaf(ax[i], leaky_relu(qx[i] + kx[i], slope), acc);
-    }
+    float ax[VW];
+    if constexpr (KIND != kDot) load_smem<VW>(att + d, ax);
+    acc = score_vec<KIND, VW>(qx, kx, ax, slope, acc);
   }
   return acc;
 }
@@ -87,16 +103,9 @@ __device__ __forceinline__ float score_part_global(const T* q_row,
     load_vec<T, VW>(k_row + d, kx);
     if (e_row != nullptr) add_vec<T, VW>(e_row + d, kx);
     load_vec<T, VW>(q_row + d, qx);
-    if constexpr (KIND == kDot) {
-#pragma unroll
-      for (int i = 0; i < VW; ++i) acc = fmaf(qx[i], kx[i], acc);
-    } else {
-      float ax[VW];
-      load_vec<T, VW>(att + d, ax);
-#pragma unroll
-      for (int i = 0; i < VW; ++i)
-        acc = fmaf(ax[i], leaky_relu(qx[i] + kx[i], slope), acc);
-    }
+    float ax[VW];
+    if constexpr (KIND != kDot) load_vec<T, VW>(att + d, ax);
+    acc = score_vec<KIND, VW>(qx, kx, ax, slope, acc);
   }
   return acc;
 }

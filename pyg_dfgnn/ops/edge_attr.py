@@ -206,10 +206,10 @@ class EdgeTermsLink:
         self.handed = None
 
 
-def link_supported(emap: EdgeAttrMap, heads: int, edge_dim: int) -> bool:
+def link_supported(heads: int, edge_dim: int) -> bool:
     """Whether one scatter takes both terms (the kernel stages both
     matrices of a row in shared memory)."""
-    return 2 * heads * edge_dim <= MAX_HEADS_X_DIM and emap.num_rows > 0
+    return 2 * heads * edge_dim <= MAX_HEADS_X_DIM
 
 
 class _EdgeAttrDots(torch.autograd.Function):
@@ -228,10 +228,7 @@ class _EdgeAttrDots(torch.autograd.Function):
         handed = ctx.link.take() if ctx.link is not None else None
         # d M_i = sum_p dT_p x_p (sums), d x_p = sum_h dT_ph M_ih (scatter)
         # (+ sum_h W_ph dS_ih handed over by the linked sums)
-        second = None
-        if handed is not None and need_x:
-            grad_sums, edge_weight = handed
-            second = (grad_sums, edge_weight)
+        second = handed if need_x else None  # (dS, W)
         _, g_m, g_x = _rows_op(ctx.emap, edge_attr, node_mat,
                                grad.contiguous(), False, need_m, need_x,
                                second)

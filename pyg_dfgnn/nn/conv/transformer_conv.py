@@ -303,7 +303,7 @@ class DFTransformerConv(MessagePassing):
         # d edge_attr's two terms in one scatter (not under torch.compile:
         # the link is Python state that its traced backward would not keep)
         link = EdgeTermsLink() if link_supported(
-            emap, H, dim) and not torch.compiler.is_compiling() else None
+            H, dim) and not torch.compiler.is_compiling() else None
         edge_score = edge_attr_dots(emap, edge_attr, node_mat, link)
         out, alpha = fused_attention(
             structure.graph, 'dot', value, query, key, scale=scale,
