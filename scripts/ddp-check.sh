@@ -13,7 +13,11 @@
 #
 #   run (kind nvidia-h200-x2): bash scripts/ddp-check.sh
 #   EPOCHS=3 PATTERN_SIZE=2000 REDDIT_EPOCHS=2 DDP_BATCH="global per_rank"
-#   STAGES="build pattern reddit" DEADLINE=560 (the defaults). Each stage's
+#   STAGES="build pattern reddit" DEADLINE=560 (the defaults);
+#   PATTERN_VARIANTS="eager" (add "captured": the device loader and the
+#   CUDA-graph step, train.capture=graphs, whose gradient all-reduce is
+#   captured with it); REDDIT_REPEATS=1 (1-GPU / 2-GPU pairs, run in
+#   turn; throughput averaged). Each stage's
 #   time limit is cut to what is left of DEADLINE seconds (a stage with
 #   less than 20 s left is skipped), so the table prints inside one
 #   10-minute call.
@@ -31,6 +35,8 @@ PATTERN_SIZE=${PATTERN_SIZE:-2000}  # training graphs (val/test: 1/5 each)
 REDDIT_EPOCHS=${REDDIT_EPOCHS:-2}
 DDP_BATCH=${DDP_BATCH:-"global per_rank"}
 DEADLINE=${DEADLINE:-560}
+PATTERN_VARIANTS=${PATTERN_VARIANTS:-eager}
+REDDIT_REPEATS=${REDDIT_REPEATS:-1}
 START=$(date +%s)
 PY=${PYTHON:-python}
 has() { [[ " $STAGES " == *" $1 "* ]]; }
@@ -52,33 +58,44 @@ stage() {  # stage NAME TIMEOUT_S CMD...
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 has build && stage build 200 $PY -c \
   "from pyg_dfgnn.ops._loader import build; build(verbose=False)"
+variant_args() {  # pattern variant -> extra runner overrides
+  [[ $1 == captured ]] && echo "train.loader=device train.capture=graphs"
+}
 if has pattern; then
-  # The 1-GPU run generates and caches PATTERN first.
-  stage pattern-1gpu 150 $PY -m pyg_dfgnn train \
-    --cfg configs/pattern-gps.yaml optim.max_epoch=$EPOCHS \
-    dataset.size=$PATTERN_SIZE out_dir=$RUNS/1gpu train.progress_bar=False
-  cp $RUNS/1gpu/*/*/results.json "$OUT/pattern-1gpu.json" 2>/dev/null
-  for m in global per_rank; do
-    mode $m || continue
-    suffix=$([[ $m == global ]] && echo "" || echo "-$m")
-    stage pattern-2gpu$suffix 120 $PY -m torch.distributed.run \
-      --nproc_per_node=2 -m pyg_dfgnn train --cfg configs/pattern-gps.yaml \
-      optim.max_epoch=$EPOCHS dataset.size=$PATTERN_SIZE \
-      out_dir=$RUNS/2gpu-$m train.progress_bar=False train.ddp_batch=$m
-    cp $RUNS/2gpu-$m/*/*/results.json "$OUT/pattern-2gpu$suffix.json" \
-      2>/dev/null
+  for v in $PATTERN_VARIANTS; do
+    vs=$([[ $v == eager ]] && echo "" || echo "-$v")
+    # The first 1-GPU run generates and caches PATTERN.
+    stage pattern-1gpu$vs 150 $PY -m pyg_dfgnn train \
+      --cfg configs/pattern-gps.yaml optim.max_epoch=$EPOCHS \
+      dataset.size=$PATTERN_SIZE out_dir=$RUNS/1gpu$vs \
+      train.progress_bar=False $(variant_args $v)
+    cp $RUNS/1gpu$vs/*/*/results.json "$OUT/pattern-1gpu$vs.json" 2>/dev/null
+    for m in global per_rank; do
+      mode $m || continue
+      suffix=$([[ $m == global ]] && echo "" || echo "-$m")
+      stage pattern-2gpu$suffix$vs 120 $PY -m torch.distributed.run \
+        --nproc_per_node=2 -m pyg_dfgnn train --cfg configs/pattern-gps.yaml \
+        optim.max_epoch=$EPOCHS dataset.size=$PATTERN_SIZE \
+        out_dir=$RUNS/2gpu-$m$vs train.progress_bar=False \
+        train.ddp_batch=$m $(variant_args $v)
+      cp $RUNS/2gpu-$m$vs/*/*/results.json \
+        "$OUT/pattern-2gpu$suffix$vs.json" 2>/dev/null
+    done
   done
 fi
 if has reddit; then
-  stage reddit-1gpu 90 $PY examples/sampled_reddit.py \
-    --epochs $REDDIT_EPOCHS --json "$OUT/reddit-1gpu.json"
-  for m in global per_rank; do
-    mode $m || continue
-    suffix=$([[ $m == global ]] && echo "" || echo "-$m")
-    stage reddit-2gpu$suffix 90 $PY -m torch.distributed.run \
-      --nproc_per_node=2 examples/sampled_reddit.py \
-      --epochs $REDDIT_EPOCHS --json "$OUT/reddit-2gpu$suffix.json" \
-      $([[ $m == per_rank ]] && echo --per-rank-batch)
+  for r in $(seq 1 $REDDIT_REPEATS); do
+    rs=""; (( r > 1 )) && rs="-r$r"
+    stage reddit-1gpu$rs 90 $PY examples/sampled_reddit.py \
+      --epochs $REDDIT_EPOCHS --json "$OUT/reddit-1gpu$rs.json"
+    for m in global per_rank; do
+      mode $m || continue
+      suffix=$([[ $m == global ]] && echo "" || echo "-$m")
+      stage reddit-2gpu$suffix$rs 90 $PY -m torch.distributed.run \
+        --nproc_per_node=2 examples/sampled_reddit.py \
+        --epochs $REDDIT_EPOCHS --json "$OUT/reddit-2gpu$suffix$rs.json" \
+        $([[ $m == per_rank ]] && echo --per-rank-batch)
+    done
   done
 fi
 $PY - "$OUT" <<'EOF'
@@ -95,28 +112,41 @@ def pattern_speed(r):
 def reddit_speed(r):
     h = r['history'][1:] or r['history']
     return sum(e['seeds_per_s'] for e in h) / len(h)
-p1 = load('pattern-1gpu.json')
+import glob
+mean = lambda xs: sum(xs) / len(xs)
+for vs in ('', '-captured'):
+    p1 = load(f'pattern-1gpu{vs}.json')
+    for mode, suffix in (('global', ''), ('per_rank', '-per_rank')):
+        p2 = load(f'pattern-2gpu{suffix}{vs}.json')
+        if p1 and p2:
+            rows[f'pattern-gps{vs} {mode}'] = {
+                'graphs_per_s': [pattern_speed(p1), pattern_speed(p2)],
+                'scaling': pattern_speed(p2) / pattern_speed(p1),
+                'test_metric': [p1['final']['test_metric'],
+                                p2['final']['test_metric']],
+                'epochs': [p1['epochs_done'], p2['epochs_done']],
+                'steps_per_epoch': [p1['history'][-1].get('train_steps'),
+                                    p2['history'][-1].get('train_steps')]}
+def runs(prefix):  # the repeats of one reddit stage, in run order
+    return [json.load(open(f)) for f in sorted(glob.glob(
+        os.path.join(out, prefix + "*.json")), key=lambda f: (len(f), f)) if
+        os.path.basename(f)[len(prefix):] in ('.json',) or
+        os.path.basename(f)[len(prefix):].startswith('-r')]
+r1s = runs('reddit-1gpu')
 for mode, suffix in (('global', ''), ('per_rank', '-per_rank')):
-    p2 = load(f'pattern-2gpu{suffix}.json')
-    if p1 and p2:
-        rows[f'pattern-gps {mode}'] = {
-            'graphs_per_s': [pattern_speed(p1), pattern_speed(p2)],
-            'scaling': pattern_speed(p2) / pattern_speed(p1),
-            'test_metric': [p1['final']['test_metric'],
-                            p2['final']['test_metric']],
-            'epochs': [p1['epochs_done'], p2['epochs_done']],
-            'steps_per_epoch': [p1['history'][-1].get('train_steps'),
-                                p2['history'][-1].get('train_steps')]}
-r1 = load('reddit-1gpu.json')
-for mode, suffix in (('global', ''), ('per_rank', '-per_rank')):
-    r2 = load(f'reddit-2gpu{suffix}.json')
-    if r1 and r2:
+    r2s = runs(f'reddit-2gpu{suffix}')
+    if r1s and r2s:
+        r1, r2 = r1s[-1], r2s[-1]
+        s1 = mean([reddit_speed(r) for r in r1s])
+        s2 = mean([reddit_speed(r) for r in r2s])
         rows[f'sampled-reddit {mode}'] = {
-            'seeds_per_s': [reddit_speed(r1), reddit_speed(r2)],
-            'scaling': reddit_speed(r2) / reddit_speed(r1),
+            'seeds_per_s': [s1, s2], 'scaling': s2 / s1,
+            'scaling_per_repeat': [reddit_speed(b) / reddit_speed(a)
+                                   for a, b in zip(r1s, r2s)],
             'test_acc': [r1['history'][-1]['test_acc'],
                          r2['history'][-1]['test_acc']],
             'epochs': [len(r1['history']), len(r2['history'])],
+            'repeats': [len(r1s), len(r2s)],
             'steps_per_epoch': [r1['history'][-1]['steps'],
                                 r2['history'][-1]['steps']],
             # Where an epoch goes: sampling vs the DF format build vs the
