@@ -210,62 +210,88 @@ __device__ __forceinline__ void cols_pass(const BwdArgs<T, I>& a,
               if (lane == 0) add_k[h] += s;
             }
         }
-        // dK += ds g (slots < slots_k), dV += p dO (the rest)
-        for_chunk_vectors<T, VW, SLOTS, kUnrollCols>(
-            n, slots, c0, group, ls, sub,
-            [&](int e, int sl) {
-              return sl < slots_k
-                         ? qb + (OFF)w.j[e] * HD_k + sl * VW
-                         : ob + (OFF)w.j[e] * HF + (sl - slots_k) * VW;
-            },
-            [&](int e, int s, int sl, const float (&x)[VW]) {
-              const int64_t ecsr = w.e[e];
-              if (sl < slots_k) {
-                const float ds = w.t[hs[s] * C + e];
-                float ge[VW];  // this edge's d ek slot
-                if constexpr (KIND == kDot) {
+        // dK += ds g (slots < slots_k), dV += p dO (the rest); c: the
+        // slot's coefficient of edge e (ds for dK, p for dV)
+        auto row_of = [&](OFF ir, int sl) {
+          return sl < slots_k ? qb + ir * HD_k + sl * VW
+                              : ob + ir * HF + (sl - slots_k) * VW;
+        };
+        auto coef_row = [&](int s, int sl) {
+          return (sl < slots_k ? w.t : w.p) + hs[s] * C;
+        };
+        auto accumulate = [&](int e, int s, int sl, const float (&x)[VW],
+                              float c) {
+          const int64_t ecsr = w.e[e];
+          if (sl < slots_k) {
+            const float ds = c;
+            float ge[VW];  // this edge's d ek slot
+            if constexpr (KIND == kDot) {
 #pragma unroll
-                  for (int i = 0; i < VW; ++i) {
-                    acc[s][i] = fmaf(ds, x[i], acc[s][i]);
-                    ge[i] = ds * x[i] * a.scale;
-                  }
-                } else if constexpr (KIND == kGatv2) {
-                  float kx[VW], ax[VW];
-                  load_smem<VW>(w.own + sl * VW, kx);
-                  load_smem<VW>(att + sl * VW, ax);
-                  if (kHasEdgeKV<FEAT> && a.et.ek != nullptr)
-                    add_vec<T, VW>(a.et.ek + ecsr * HD_k + sl * VW, kx);
-#pragma unroll
-                  for (int i = 0; i < VW; ++i) {
-                    const float z = kx[i] + x[i];
-                    ge[i] = ds * ax[i] * leaky_relu_grad(z, a.slope);
-                    acc[s][i] += ge[i];
-                    lacc[s][i] = fmaf(ds, leaky_relu(z, a.slope), lacc[s][i]);
-                  }
-                }
-                if constexpr (KIND != kAdd)
-                  if ((kHasEdgeKV<FEAT> && a.g_ek != nullptr) && !a.ekv_shared)
-                    store_vec<T, VW>(a.g_ek + ecsr * HD_k + sl * VW, ge);
-              } else {
-                const float p = w.p[hs[s] * C + e];
-                const int sv = sl - slots_k;
-#pragma unroll
-                for (int i = 0; i < VW; ++i) acc[s][i] = fmaf(p, x[i], acc[s][i]);
-                if (kHasEdgeKV<FEAT> && a.g_ev != nullptr) {
-                  float gv[VW];  // p' dO_i (+ scale ds q_i when ek = ev)
-#pragma unroll
-                  for (int i = 0; i < VW; ++i) gv[i] = p * x[i];
-                  if (a.ekv_shared) {
-                    const float dss = w.t[hs[s] * C + e] * a.scale;
-                    float qx[VW];
-                    load_vec<T, VW>(qb + (OFF)w.j[e] * HD_k + sv * VW, qx);
-#pragma unroll
-                    for (int i = 0; i < VW; ++i) gv[i] = fmaf(dss, qx[i], gv[i]);
-                  }
-                  store_vec<T, VW>(a.g_ev + ecsr * HF + sv * VW, gv);
-                }
+              for (int i = 0; i < VW; ++i) {
+                acc[s][i] = fmaf(ds, x[i], acc[s][i]);
+                ge[i] = ds * x[i] * a.scale;
               }
-            });
+            } else if constexpr (KIND == kGatv2) {
+              float kx[VW], ax[VW];
+              load_smem<VW>(w.own + sl * VW, kx);
+              load_smem<VW>(att + sl * VW, ax);
+              if (kHasEdgeKV<FEAT> && a.et.ek != nullptr)
+                add_vec<T, VW>(a.et.ek + ecsr * HD_k + sl * VW, kx);
+#pragma unroll
+              for (int i = 0; i < VW; ++i) {
+                const float z = kx[i] + x[i];
+                ge[i] = ds * ax[i] * leaky_relu_grad(z, a.slope);
+                acc[s][i] += ge[i];
+                lacc[s][i] = fmaf(ds, leaky_relu(z, a.slope), lacc[s][i]);
+              }
+            }
+            if constexpr (KIND != kAdd)
+              if ((kHasEdgeKV<FEAT> && a.g_ek != nullptr) && !a.ekv_shared)
+                store_vec<T, VW>(a.g_ek + ecsr * HD_k + sl * VW, ge);
+          } else {
+            const float p = c;
+            const int sv = sl - slots_k;
+#pragma unroll
+            for (int i = 0; i < VW; ++i) acc[s][i] = fmaf(p, x[i], acc[s][i]);
+            if (kHasEdgeKV<FEAT> && a.g_ev != nullptr) {
+              float gv[VW];  // p' dO_i (+ scale ds q_i when ek = ev)
+#pragma unroll
+              for (int i = 0; i < VW; ++i) gv[i] = p * x[i];
+              if (a.ekv_shared) {
+                const float dss = w.t[hs[s] * C + e] * a.scale;
+                float qx[VW];
+                load_vec<T, VW>(qb + (OFF)w.j[e] * HD_k + sv * VW, qx);
+#pragma unroll
+                for (int i = 0; i < VW; ++i) gv[i] = fmaf(dss, qx[i], gv[i]);
+              }
+              store_vec<T, VW>(a.g_ev + ecsr * HF + sv * VW, gv);
+            }
+          }
+        };
+        auto one_edge_body = [&](int e, int s, int sl, const float (&x)[VW]) {
+          accumulate(e, s, sl, x, coef_row(s, sl)[e]);
+        };
+        if (group == kWarpSize) {
+          // every lane on each edge: Q edges' coefficients in one read
+          constexpr int Q = kWarpEdges;
+          for_chunk_warp_edges<T, VW, SLOTS, Q, OFF>(
+              n, slots, c0, lane, w.j, row_of,
+              [&](int s, int sl, int e) {
+                return loadq<Q>(coef_row(s, sl) + e);
+              },
+              [&](int s, int sl, int e) {
+                return firstq<Q>(coef_row(s, sl)[e]);
+              },
+              [&](int e, int s, int sl, const float (&x)[VW],
+                  const typename FloatQ<Q>::type& c, int k) {
+                accumulate(e, s, sl, x, comp(c, k));
+              });
+        } else {
+          for_chunk_vectors<T, VW, SLOTS, kUnrollCols>(
+              n, slots, c0, group, ls, sub,
+              [&](int e, int sl) { return row_of((OFF)w.j[e], sl); },
+              one_edge_body);
+        }
       }
       reduce_edge_groups<VW, SLOTS>(acc, group);
       if constexpr (KIND == kGatv2) reduce_edge_groups<VW, SLOTS>(lacc, group);

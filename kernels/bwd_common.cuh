@@ -125,6 +125,7 @@ constexpr int kSegEdges = 256;     // plain blocks: edges per segment of a
                                    // long owner (partials + combine)
 constexpr int kUnrollRows = 4;     // neighbour rows in flight per lane
 constexpr int kUnrollCols = 2;     // (cols: two vectors per edge live)
+constexpr int kWarpEdges = 2;      // edges per step, for_chunk_warp_edges
 
 template <typename T, typename I>
 struct BwdArgs {
@@ -196,9 +197,8 @@ __host__ __device__ inline BwdLayout bwd_layout(bool cols, int kind,
   const bool add = kind == kAdd;
   const size_t floats =
       cols ? (kind == kDot && !lean ? 0 : pad4(HD_k)) + pad4(HD_att) +
-                 (lean ? pad4(H + 2 * H * kChunk) + pad4(HF)
-                       : H + 2 * (size_t)H * kChunk)
-           : pad4(HD_k) + pad4(HF) + (add ? 4 : 2) * (size_t)H +
+                 pad4(H) + 2 * (size_t)H * kChunk + (lean ? pad4(HF) : 0)
+           : pad4(HD_k) + pad4(HF) + pad4((add ? 4 : 2) * H) +
                  (add ? 3 : 2) * (size_t)H * kChunk;
   L.warp_bytes = align16(floats * 4) + 2 * kChunk * sizeof(int64_t);
   L.total = L.warps + (size_t)warps * L.warp_bytes;
@@ -275,6 +275,83 @@ __device__ __forceinline__ void for_chunk_vectors(int n, int slots, int c0,
     }
   }
 }
+
+// for_chunk_vectors where every lane is on each edge (group == kWarpSize,
+// sub == 0), Q (2 or 4) edges at a time: their neighbour ids come in Q / 2
+// 16-byte reads (int64) instead of one broadcast read per edge, and so do
+// their per-head coefficients: `coefs(s, sl, e)` reads those of edges e ..
+// e + Q - 1 for slot sl at once (float2 / float4 reads: 8- / 16-byte
+// aligned, e a multiple of Q; any type), `coef1(s, sl, e)` one tail edge's
+// into the same type (component 0). `body(e, s, sl, x, c, k)` then takes
+// edge e's row slot x with its coefficients c, component k (a constant
+// once unrolled). Edges reach each slot's accumulator in the same order as
+// in for_chunk_vectors. `row_of(j, sl)`: slot sl of neighbour j's row.
+template <typename T, int VW, int SLOTS, int Q, typename OFF, typename RowOf,
+          typename Coefs, typename Coef1, typename Body>
+__device__ __forceinline__ void for_chunk_warp_edges(
+    int n, int slots, int c0, int lane, const int64_t* j, RowOf row_of,
+    Coefs coefs, Coef1 coef1, Body body) {
+  static_assert(Q == 2 || Q == 4, "2 or 4 edges at a time");
+  int e = 0;
+  for (; e + Q - 1 < n; e += Q) {
+    OFF jr[Q];
+#pragma unroll
+    for (int u = 0; u < Q; u += 2) {
+      const longlong2 jj = *reinterpret_cast<const longlong2*>(j + e + u);
+      jr[u] = (OFF)jj.x, jr[u + 1] = (OFF)jj.y;
+    }
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      const int sl = c0 + lane + s * kWarpSize;
+      if (sl < slots) {
+        const auto c = coefs(s, sl, e);
+        float x[Q][VW];
+#pragma unroll
+        for (int u = 0; u < Q; ++u) load_vec<T, VW>(row_of(jr[u], sl), x[u]);
+#pragma unroll
+        for (int u = 0; u < Q; ++u) body(e + u, s, sl, x[u], c, u);
+      }
+    }
+  }
+  for (; e < n; ++e) {
+    const OFF jr = (OFF)j[e];
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      const int sl = c0 + lane + s * kWarpSize;
+      if (sl < slots) {
+        float x[VW];
+        load_vec<T, VW>(row_of(jr, sl), x);
+        body(e, s, sl, x, coef1(s, sl, e), 0);
+      }
+    }
+  }
+}
+
+// Q consecutive fp32 of a shared-memory row (8- / 16-byte aligned), as a
+// float2 / float4; component k of one (k a constant once unrolled); a pair
+// (the rows pass's p and t of Q edges).
+template <int Q> struct FloatQ;
+template <> struct FloatQ<2> { using type = float2; };
+template <> struct FloatQ<4> { using type = float4; };
+template <int Q>
+__device__ __forceinline__ typename FloatQ<Q>::type loadq(const float* p) {
+  return *reinterpret_cast<const typename FloatQ<Q>::type*>(p);
+}
+template <int Q>
+__device__ __forceinline__ typename FloatQ<Q>::type firstq(float v) {
+  typename FloatQ<Q>::type r{};
+  r.x = v;
+  return r;
+}
+__device__ __forceinline__ float comp(const float2& v, int k) {
+  return k == 0 ? v.x : v.y;
+}
+__device__ __forceinline__ float comp(const float4& v, int k) {
+  return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
+}
+template <typename V> struct Pair {
+  V a, b;
+};
 
 }  // namespace bwd
 }  // namespace pyg_dfgnn

@@ -83,15 +83,15 @@ __global__ void __launch_bounds__(kMaxThreads)
   if constexpr (COLS) {
     w.own2 = w.own + (KIND == kDot && !LEAN ? 0 : pad4(HD_k));
     w.hv = w.own2 + pad4(HD_att);
-    w.p = w.hv + H;
+    w.p = w.hv + pad4(H);  // (16-byte aligned, as vown)
     w.t = w.p + H * kChunk;
     w.g = nullptr;
-    w.vown = w.hv + pad4(H + 2 * H * kChunk);  // (16-byte aligned)
+    w.vown = w.t + H * kChunk;
     for (int i = lane; i < HD_att; i += kWarpSize) w.own2[i] = 0.f;
   } else {
     w.own2 = w.own + pad4(HD_k);
     w.hv = w.own2 + pad4(HF);
-    w.p = w.hv + (KIND == kAdd ? 4 : 2) * H;
+    w.p = w.hv + pad4((KIND == kAdd ? 4 : 2) * H);  // (16-byte aligned)
     w.t = w.p + H * kChunk;
     w.g = KIND == kAdd ? w.t + H * kChunk : nullptr;
     w.vown = nullptr;

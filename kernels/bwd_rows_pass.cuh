@@ -253,35 +253,60 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
         }
         // A += t g, B += p g over the chunk's K rows
         if constexpr (KIND != kAdd) {
-          for_chunk_vectors<T, VW, SLOTS, kUnrollRows>(
-              n, slots, c0, group, ls, sub,
-              [&](int e, int sl) { return kb + (OFF)w.j[e] * HD_k + sl * VW; },
-              [&](int e, int s, int sl, const float (&xk)[VW]) {
-                const float p = w.p[hs[s] * C + e], t = w.t[hs[s] * C + e];
-                float x[VW];  // k_j + ek_ij
+          auto row_of = [&](OFF jr, int sl) { return kb + jr * HD_k + sl * VW; };
+          auto accumulate = [&](int e, int s, int sl, const float (&xk)[VW],
+                                float p, float t) {
+            float x[VW];  // k_j + ek_ij
 #pragma unroll
-                for (int i = 0; i < VW; ++i) x[i] = xk[i];
-                if (kHasEdgeKV<FEAT> && a.et.ek != nullptr)
-                  add_vec<T, VW>(a.et.ek + (cb + e) * HD_k + sl * VW, x);
-                if constexpr (KIND == kDot) {
+            for (int i = 0; i < VW; ++i) x[i] = xk[i];
+            if (kHasEdgeKV<FEAT> && a.et.ek != nullptr)
+              add_vec<T, VW>(a.et.ek + (cb + e) * HD_k + sl * VW, x);
+            if constexpr (KIND == kDot) {
 #pragma unroll
-                  for (int i = 0; i < VW; ++i) {
-                    acc_a[s][i] = fmaf(t, x[i], acc_a[s][i]);
-                    acc_b[s][i] = fmaf(p, x[i], acc_b[s][i]);
-                  }
-                } else {
-                  float qx[VW], ax[VW];
-                  load_smem<VW>(w.own + sl * VW, qx);
-                  load_smem<VW>(att + sl * VW, ax);
+              for (int i = 0; i < VW; ++i) {
+                acc_a[s][i] = fmaf(t, x[i], acc_a[s][i]);
+                acc_b[s][i] = fmaf(p, x[i], acc_b[s][i]);
+              }
+            } else {
+              float qx[VW], ax[VW];
+              load_smem<VW>(w.own + sl * VW, qx);
+              load_smem<VW>(att + sl * VW, ax);
 #pragma unroll
-                  for (int i = 0; i < VW; ++i) {
-                    const float g =
-                        ax[i] * leaky_relu_grad(qx[i] + x[i], a.slope);
-                    acc_a[s][i] = fmaf(t, g, acc_a[s][i]);
-                    acc_b[s][i] = fmaf(p, g, acc_b[s][i]);
-                  }
-                }
-              });
+              for (int i = 0; i < VW; ++i) {
+                const float g = ax[i] * leaky_relu_grad(qx[i] + x[i], a.slope);
+                acc_a[s][i] = fmaf(t, g, acc_a[s][i]);
+                acc_b[s][i] = fmaf(p, g, acc_b[s][i]);
+              }
+            }
+          };
+          auto one_edge_body = [&](int e, int s, int sl,
+                                   const float (&xk)[VW]) {
+            accumulate(e, s, sl, xk, w.p[hs[s] * C + e], w.t[hs[s] * C + e]);
+          };
+          if (group == kWarpSize) {
+            // every lane on each edge: Q edges' p and t in one read each
+            constexpr int Q = kWarpEdges;
+            using V = typename FloatQ<Q>::type;
+            for_chunk_warp_edges<T, VW, SLOTS, Q, OFF>(
+                n, slots, c0, lane, w.j, row_of,
+                [&](int s, int, int e) {
+                  return Pair<V>{loadq<Q>(w.p + hs[s] * C + e),
+                                 loadq<Q>(w.t + hs[s] * C + e)};
+                },
+                [&](int s, int, int e) {
+                  return Pair<V>{firstq<Q>(w.p[hs[s] * C + e]),
+                                 firstq<Q>(w.t[hs[s] * C + e])};
+                },
+                [&](int e, int s, int sl, const float (&x)[VW],
+                    const Pair<V>& c, int k) {
+                  accumulate(e, s, sl, x, comp(c.a, k), comp(c.b, k));
+                });
+          } else {
+            for_chunk_vectors<T, VW, SLOTS, kUnrollRows>(
+                n, slots, c0, group, ls, sub,
+                [&](int e, int sl) { return row_of((OFF)w.j[e], sl); },
+                one_edge_body);
+          }
         }
       }
       __syncwarp();  // dsum complete
