@@ -112,12 +112,15 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
           const int h = lane / L;
           for (int e0 = 0; e0 < n; e0 += 8) {
             float vs[8], vd[8];
+            longlong2 j2;  // 2 edges' neighbours per read
 #pragma unroll
             for (int b = 0; b < 8; ++b) {
               vs[b] = vd[b] = 0.f;
               const int e = e0 + b;
+              if (b % 2 == 0)
+                j2 = *reinterpret_cast<const longlong2*>(w.j + e);
               if (e < n) {
-                const OFF jr = (OFF)w.j[e];
+                const OFF jr = (OFF)(b % 2 == 0 ? j2.x : j2.y);
                 float kx[VW], vx[VW];
                 load_vec<T, VW>(kb + jr * HD_k + lane * VW, kx);
                 load_vec<T, VW>(vb + jr * HF + lane * VW, vx);

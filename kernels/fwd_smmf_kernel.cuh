@@ -174,13 +174,17 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
           const int h = lane / L;
           for (int e0 = 0; e0 < n; e0 += 8) {
             float v[8];
+            int4 j4;  // 4 edges' sources per read (w.j 16-byte aligned)
 #pragma unroll
             for (int b = 0; b < 8; ++b) {
               v[b] = 0.f;
               const int e = e0 + b;
+              if (b % 4 == 0) j4 = *reinterpret_cast<const int4*>(w.j + e);
+              const int jb = b % 4 == 0 ? j4.x : b % 4 == 1 ? j4.y
+                           : b % 4 == 2 ? j4.z : j4.w;
               if (e < n) {
                 float kx[VW];
-                load_vec<T, VW>(kb + (OFF)w.j[e] * HD_k + lane * VW, kx);
+                load_vec<T, VW>(kb + (OFF)jb * HD_k + lane * VW, kx);
                 if (kHasEdgeKV<FEAT> && a.et.ek != nullptr)
                   add_vec<T, VW>(a.et.ek + (cb + e) * HD_k + lane * VW, kx);
                 v[b] = score_vec<KIND, VW>(qv, kx, av, a.slope, v[b]);
