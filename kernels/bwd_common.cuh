@@ -125,7 +125,7 @@ constexpr int kSegEdges = 256;     // plain blocks: edges per segment of a
                                    // long owner (partials + combine)
 constexpr int kUnrollRows = 4;     // neighbour rows in flight per lane
 constexpr int kUnrollCols = 2;     // (cols: two vectors per edge live)
-constexpr int kWarpEdges = 2;      // edges per step, for_chunk_warp_edges
+constexpr int kWarpEdges = 4;      // edges per step, for_chunk_warp_edges
 
 template <typename T, typename I>
 struct BwdArgs {
