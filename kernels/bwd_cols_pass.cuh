@@ -271,9 +271,7 @@ __device__ __forceinline__ void cols_pass(const BwdArgs<T, I>& a,
         auto one_edge_body = [&](int e, int s, int sl, const float (&x)[VW]) {
           accumulate(e, s, sl, x, coef_row(s, sl)[e]);
         };
-        // (not at the all-features level: its per-edge edge-key / value
-        // reads and writes leave it no registers to spare)
-        if (group == kWarpSize && !kHasEdgeKV<FEAT>) {
+        if (warp_edges<FEAT>(group)) {
           // every lane on each edge: Q edges' coefficients in one read
           constexpr int Q = kWarpEdges;
           for_chunk_warp_edges<T, VW, SLOTS, Q, OFF>(

@@ -286,9 +286,7 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
                                    const float (&xk)[VW]) {
             accumulate(e, s, sl, xk, w.p[hs[s] * C + e], w.t[hs[s] * C + e]);
           };
-          // (not at the all-features level: its per-edge edge-key / value
-          // reads and writes leave it no registers to spare)
-          if (group == kWarpSize && !kHasEdgeKV<FEAT>) {
+          if (warp_edges<FEAT>(group)) {
             // every lane on each edge: Q edges' p and t in one read each
             constexpr int Q = kWarpEdges;
             using V = typename FloatQ<Q>::type;

@@ -112,7 +112,7 @@ def pattern_speed(r):
 def reddit_speed(r):
     h = r['history'][1:] or r['history']
     return sum(e['seeds_per_s'] for e in h) / len(h)
-import glob
+import re
 mean = lambda xs: sum(xs) / len(xs)
 for vs in ('', '-captured'):
     p1 = load(f'pattern-1gpu{vs}.json')
@@ -127,11 +127,11 @@ for vs in ('', '-captured'):
                 'epochs': [p1['epochs_done'], p2['epochs_done']],
                 'steps_per_epoch': [p1['history'][-1].get('train_steps'),
                                     p2['history'][-1].get('train_steps')]}
-def runs(prefix):  # the repeats of one reddit stage, in run order
-    return [json.load(open(f)) for f in sorted(glob.glob(
-        os.path.join(out, prefix + "*.json")), key=lambda f: (len(f), f)) if
-        os.path.basename(f)[len(prefix):] in ('.json',) or
-        os.path.basename(f)[len(prefix):].startswith('-r')]
+def runs(prefix):  # a reddit stage's repeats (prefix[-rN].json), in order
+    names = [f for f in os.listdir(out)
+             if re.fullmatch(re.escape(prefix) + r'(-r\d+)?\.json', f)]
+    return [json.load(open(os.path.join(out, f)))
+            for f in sorted(names, key=lambda f: (len(f), f))]
 r1s = runs('reddit-1gpu')
 for mode, suffix in (('global', ''), ('per_rank', '-per_rank')):
     r2s = runs(f'reddit-2gpu{suffix}')
