@@ -143,7 +143,7 @@ def check_dots_and_sums(fill, kind, dtype, shared, heads, dim, seed):
 @pytest.mark.parametrize('fill,kind', [('none', 'random'), ('none', 'super'),
                                        ('mean', 'random'), ('add', 'super'),
                                        ('const', 'random'), ('none', 'empty'),
-                                       ('mean', 'one')])
+                                       ('mean', 'one'), ('none', 'one')])
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
 def test_linked_terms_match_reference(heads, dim, fill, kind, dtype,
                                       monkeypatch):
