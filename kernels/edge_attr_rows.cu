@@ -323,10 +323,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> edge_attr_rows_cuda(
 
   const auto opts = x.options();
   at::Tensor out_dots = at::empty({dots ? num_edges : 0, H}, opts);
-  // (one row of M with a second term is a one-node graph's per-row M: the
-  // shared-M kernels have no second term, and dropped it -- a d x without
-  // its sum_h w2 M2 part)
-  const bool shared = m.defined() && m.size(0) == 1 && !m2.defined();
+  // One row of M shared by the rows -- unless the graph has one row, whose
+  // M is then per-row (TransformerConv's) as well: the per-row kernels take
+  // it, second term included (the shared-M kernels have none, and dropped
+  // it: a one-node graph's d x without its sum_h w2 M2 part).
+  const bool shared = m.defined() && m.size(0) == 1 && n_rows != 1;
   at::Tensor out_sums = at::empty({sums ? (shared ? 1 : n_rows) : 0, H, De},
                                   opts.dtype(at::kFloat));
   at::Tensor out_scatter = at::empty({scatter ? n_in : 0, De}, opts);
