@@ -92,6 +92,39 @@ __host__ __device__ inline int tc_staged_row(int j) {
   return (j & ~7) | ((j & 3) << 1) | ((j >> 2) & 1);
 }
 
+// ------------------------------------------------------------ async copies
+// 16 bytes global -> shared without registers (sm_80+); `bytes` 0 writes
+// zeros (rows past a window's sources).
+__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* src,
+                                            int bytes) {
+  const uint32_t dst = (uint32_t)__cvta_generic_to_shared(smem_dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
+               "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;\n" ::);
+}
+
+// Four 8 x 8 b16 matrices from shared memory: lane l gives the row address
+// of row l % 8 of matrix l / 8; r[m] is matrix m's fragment (lane t: row
+// t / 4, elements 2 (t % 4), + 1), or with .trans its transpose's (lane t:
+// rows 2 (t % 4), + 1 of column t / 4) -- B fragments of K rows resp. of
+// row-major V without a transposed copy.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4],
+                                                  const void* p) {
+  const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+  asm volatile(
+      "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+      : "r"(a));
+}
+
 // ------------------------------------------------------------ staging
 // Rows [0, n_pad) of X (row i at x + (base + i) * ld; zeros past n) into
 // shared memory as NK rows `nk` (stride ns; fp32: permuted within 8-tiles,
@@ -133,6 +166,23 @@ __device__ __forceinline__ void tc_stage_rows(const T* __restrict__ x,
     if (j < n) val = x[(base + j) * ld + d];
     if (nk != nullptr) nk[(kTf32 ? tc_staged_row(j) : j) * ns + d] = val;
     if (t != nullptr) t[d * ts + j] = val;
+  }
+}
+
+// Rows [0, n_pad) of X as NK rows (fp32: permuted within 8-tiles), zeros
+// past n, by cp.async: every copy of the block in flight at once (the
+// caller waits with cp_async_wait_all and a barrier). x 16-byte aligned.
+template <typename T, int DH, int kThreads>
+__device__ __forceinline__ void tc_stage_rows_async(
+    const T* __restrict__ x, int64_t base, int64_t ld, int n, int n_pad, T* nk,
+    int ns, int tid) {
+  constexpr bool kTf32 = std::is_same<T, float>::value;
+  constexpr int kVec = (int)(16 / sizeof(T)), kChunks = DH / kVec;
+  for (int i = tid; i < n_pad * kChunks; i += kThreads) {
+    const int j = i / kChunks, d0 = (i % kChunks) * kVec;
+    const bool ok = j < n;
+    cp_async_16(nk + (kTf32 ? tc_staged_row(j) : j) * ns + d0,
+                x + (base + (ok ? j : 0)) * ld + d0, ok ? 16 : 0);
   }
 }
 

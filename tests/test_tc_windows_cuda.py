@@ -147,6 +147,27 @@ def test_tc_empty_and_single_node():
               torch.float16, f'N={n}')
 
 
+@pytest.mark.parametrize('dtype', DTYPES)
+def test_tc_rows_not_16_byte_aligned(dtype):
+    """Q, K, V one element past an aligned address (views into a larger
+    buffer): the window staging's synchronous path instead of cp.async."""
+    cuda = _cuda()
+    g = torch.Generator().manual_seed(6)
+    ei, n = batch_graph(random.Random(6))
+    graph = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
+
+    def shifted(t):
+        buf = torch.zeros(t.numel() + 1, dtype=dtype, device='cuda')
+        buf[1:].copy_(t.reshape(-1))
+        return buf[1:].view_as(t)
+
+    value, query, key = (shifted(t) for t in inputs(n, 2, 32, dtype, g,
+                                                     grad=False))
+    assert key.data_ptr() % 16 != 0 and value.data_ptr() % 16 != 0
+    check(cuda, graph, value, query, key, dtype, f'unaligned {dtype}',
+          grad=False)
+
+
 def test_tc_errors():
     cuda = _cuda()
     g = torch.Generator().manual_seed(3)
