@@ -217,6 +217,10 @@ fused_attention_fwd_cuda(
                 "fused_attention_fwd: tensor-core window too large for the "
                 "device's shared memory");
     L.windows = *windows_opt;
+    // The MMA fragments and cp.async read 4 / 16 bytes at a time: inputs
+    // at an odd offset (views into a larger buffer) run on aligned copies.
+    for (at::Tensor* t : {&L.query, &L.key, &L.value})
+      if (!aligned16(*t)) *t = t->clone();
     if (dtype == at::kFloat)
       run_tc<float>(L);
     else if (dtype == at::kHalf)

@@ -7,7 +7,7 @@ forward + backward ops called directly (as DF-GNN's kernels are timed; the
 backward gets the variant's row windows and, but for `smmf-plain`, the
 graph's column windows, so both of its passes stage like the forward) and
 the user-facing op's fwd+bwd through autograd; 'dot' kind, Q pre-scaled,
-H x F = 1x128 and 4x32. Variants: SMMF with graph-aligned staged windows
+H x F = 1x128 and 4x32 (`--shapes`). Variants: SMMF with graph-aligned staged windows
 (`smmf`), SMMF without (`smmf-plain`), PMF, and the tensor-core windows
 (`tc`; fp32 through 3xTF32) where the graph has windows of <= 128
 sources. Prints one row per (graph,
@@ -52,6 +52,8 @@ def main(argv=None):
     p.add_argument('--graphs', default='cora-like,pubmed-like,mnist-like,'
                    'cluster-like,pattern-like')
     p.add_argument('--dtype', default='fp32')
+    p.add_argument('--shapes', default='1x128,4x32',
+                   help='H x F pairs, e.g. 1x128,4x32,2x64,8x16')
     p.add_argument('--out', default=None)
     args = p.parse_args(argv)
     from pyg_dfgnn.ops import cuda
@@ -66,7 +68,8 @@ def main(argv=None):
     for name in args.graphs.split(','):
         graph, _, n = make_dfgraph(name, dev)
         colptr, csc_row, csc_perm = graph.csc()
-        for shape, (h, f) in (('1x128', (1, 128)), ('4x32', (4, 32))):
+        for shape in args.shapes.split(','):
+            h, f = (int(x) for x in shape.split('x'))
             g = torch.Generator(device=dev).manual_seed(0)
             q, k, v = (torch.randn(n, h, f, device=dev, generator=g,
                                    dtype=dtype) for _ in range(3))
