@@ -20,9 +20,10 @@ def test_tc_fragment_bookkeeping():
 def test_tc_auto_plan_on_dense_half_precision_dot_only():
     """The tensor-core windows picked without being asked (ops/cuda.py,
     shapes and host bounds only): fp16 / bf16 'dot' with D = F the TC
-    kernels take, multiplicities within a byte; TC forward (3, with the TC
-    backward 2) from TC_FWD_MIN_MEAN_DEGREE[D], SMMF forward + TC backward
-    (4) from TC_BWD_MIN_MEAN_DEGREE, else none."""
+    kernels take, multiplicities within a byte; TC forward (3) from
+    TC_FWD_MIN_MEAN_DEGREE[D], with the TC backward (2) where that pays
+    too (TC_BWD_MIN_MEAN_DEGREE); SMMF forward + TC backward (4) where only
+    the backward pays, else none."""
     import torch
     from pyg_dfgnn.graph import DFGraph
     from pyg_dfgnn.ops import cuda
@@ -39,10 +40,11 @@ def test_tc_auto_plan_on_dense_half_precision_dot_only():
                 torch.zeros(64, heads, f, dtype=dtype))
 
     t_bwd = cuda.TC_BWD_MIN_MEAN_DEGREE
-    t_fwd = cuda.TC_FWD_MIN_MEAN_DEGREE[32]
-    assert t_fwd > t_bwd
-    fwd_dense, bwd_dense, sparse = (graph(64, t_fwd), graph(64, t_bwd),
-                                    graph(64, t_bwd - 1))
+    t_fwd32, t_fwd16 = (cuda.TC_FWD_MIN_MEAN_DEGREE[d] for d in (32, 16))
+    # (D = 32: the forward pays below the backward; D = 16 above it)
+    assert t_fwd32 < t_bwd < t_fwd16
+    fwd_dense, fwd_only, sparse = (graph(64, t_bwd), graph(64, t_fwd32),
+                                   graph(64, t_fwd32 - 1))
 
     def sid(g, *args, backward=True, kind='dot'):
         plan = cuda._tc_auto_plan(g, kind, *args, backward)
@@ -51,9 +53,15 @@ def test_tc_auto_plan_on_dense_half_precision_dot_only():
     for dtype in (torch.float16, torch.bfloat16):
         assert sid(fwd_dense, *qv(dtype)) == 2
         assert sid(fwd_dense, *qv(dtype), backward=False) == 3
-        assert sid(bwd_dense, *qv(dtype)) == 4
-        assert sid(bwd_dense, *qv(dtype), backward=False) is None
+        # a TC forward whose backward does not pay: only without a backward
+        assert sid(fwd_only, *qv(dtype)) is None
+        assert sid(fwd_only, *qv(dtype), backward=False) == 3
+        # D = 16: the TC backward pays first (SMMF forward + TC backward)
+        assert sid(fwd_dense, *qv(dtype, 16, 16, 8)) == 4
+        assert sid(fwd_dense, *qv(dtype, 16, 16, 8), backward=False) is None
+        assert sid(graph(64, t_fwd16), *qv(dtype, 16, 16, 8)) == 2
         assert sid(sparse, *qv(dtype)) is None
+        assert sid(sparse, *qv(dtype), backward=False) is None
         assert sid(fwd_dense, *qv(dtype, 32, 64)) is None
         assert sid(fwd_dense, *qv(dtype, 24, 24)) is None
         assert sid(fwd_dense, *qv(dtype), kind='add') is None

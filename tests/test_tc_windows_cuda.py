@@ -259,13 +259,15 @@ def test_smmf_forward_tc_backward_is_picked_and_matches(dtype):
 @pytest.mark.parametrize('dtype', (torch.float16, torch.bfloat16))
 @pytest.mark.parametrize('dh', (32, 128))
 def test_tc_forward_is_picked_where_dense_and_matches(dtype, dh):
-    """Without a strategy, a fp16 / bf16 'dot' batch at least
-    TC_FWD_MIN_MEAN_DEGREE[D] dense runs the TC forward too (strategy 2;
-    3 without a backward), with the reference's outputs and gradients; one
-    below it keeps the SMMF forward (4 / 0)."""
+    """Without a strategy, a fp16 / bf16 'dot' batch dense enough for both
+    TC passes (TC_FWD_MIN_MEAN_DEGREE[D], TC_BWD_MIN_MEAN_DEGREE) runs the
+    TC forward too (strategy 2; 3 without a backward), with the
+    reference's outputs and gradients; one below that keeps what still
+    pays (ops/cuda.py::_tc_auto_plan)."""
     cuda = _cuda()
     g = torch.Generator().manual_seed(11)
-    need = cuda.TC_FWD_MIN_MEAN_DEGREE[dh]
+    t_fwd, t_bwd = cuda.TC_FWD_MIN_MEAN_DEGREE[dh], cuda.TC_BWD_MIN_MEAN_DEGREE
+    need = max(t_fwd, t_bwd)
     heads = 128 // dh
     ei, n = dense_batch([100, 37, 128, 1, 90], need, g)
     graph = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
@@ -279,9 +281,11 @@ def test_tc_forward_is_picked_where_dense_and_matches(dtype, dh):
     ei, n = dense_batch([100, 37, 128, 1, 90], need - 1, g)
     thinner = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
     q, _, v = inputs(n, heads, dh, dtype, g)
+    fwd_pays, bwd_pays = need - 1 >= t_fwd, need - 1 >= t_bwd
     assert cuda._plan(thinner, 'dot', q, v, None, backward=True)[0] == (
-        4 if need - 1 >= cuda.TC_BWD_MIN_MEAN_DEGREE else 0)
-    assert cuda._plan(thinner, 'dot', q, v, None, backward=False)[0] == 0
+        4 if bwd_pays else 0)
+    assert cuda._plan(thinner, 'dot', q, v, None, backward=False)[0] == (
+        3 if fwd_pays else 0)
 
 
 def test_tc_plan_without_a_sync():

@@ -43,13 +43,14 @@ TC_MAX_DEGREE = 255
 #: (TC 1.5x faster at mean in-degree 42 and 32, 1.3x slower at 7.6); even
 #: near 24 on dense batch graphs.
 TC_BWD_MIN_MEAN_DEGREE = 24
-#: Mean in-degree from which the TC forward (16-byte staging) beats SMMF's,
-#: per head size D (fp16 / bf16). H100, session 10: TC ~2.2 ns per row at
-#: D = 128 and ~3.6 at D = 32, SMMF ~0.10 / ~0.12 ns per edge: break-even
-#: near 22 and 30 (TC 1.78x faster on pattern-like 1x128, mean degree 42;
-#: 1.46x on cluster-like 1x128, 32; even on cluster-like 4x32; 0.80x on
-#: mnist-like, 7.6).
-TC_FWD_MIN_MEAN_DEGREE = {16: 32, 32: 32, 64: 24, 128: 24}
+#: Mean in-degree from which the TC forward beats SMMF's, per head size D
+#: (fp16 / bf16). H100, session 24 (two blocks per SM, cp.async staging):
+#: TC ~1.15 ns per row at D = 128, ~1.3 at 64, ~1.75 at 32, ~2.7 at 16;
+#: SMMF ~0.09-0.10 ns per edge (0.07-0.08 at D <= 32): break-even near
+#: 12, 13, 22 and 37 (pattern-like, mean degree 42: TC 3.4x / 3.2x / 1.9x /
+#: 1.14x faster at 1x128 / 2x64 / 4x32 / 8x16; cluster-like, 32: 2.7x at
+#: 1x128, 0.90x at 8x16; mnist-like, 7.6: 0.83x at 1x128).
+TC_FWD_MIN_MEAN_DEGREE = {16: 38, 32: 22, 64: 14, 128: 12}
 _TC_HALF_DTYPES = (torch.float16, torch.bfloat16)
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _registered = False
