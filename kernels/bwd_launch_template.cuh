@@ -332,7 +332,7 @@ template <typename T> void run_tc_bwd(Args& A) {
     if (bytes > 48 * 1024)
       C10_CUDA_CHECK(cudaFuncSetAttribute(
           kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-    kernel<<<(unsigned)blocks, kTcThreads, bytes, stream>>>(
+    kernel<<<(unsigned)blocks, tc_bwd_threads<T>(), bytes, stream>>>(
         a, A.windows.data_ptr<int64_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };

@@ -8,10 +8,17 @@
 //      dS = P (dP - D), dQ = scale dS K;
 //   B. 16-source strips: S^T = K Q^T, dP^T = V dO^T (the same numbers, the
 //      other way round), dV = P^T dO, dK = scale dS^T Q.
-// Both products of a phase come from NK rows staged in shared memory (K, V
-// and K^T for A; Q, dO, Q^T and dO^T for B); the strip's own rows are read
-// from global memory as A fragments. fp32 runs 3xTF32 (mma_tiles.cuh).
+// Both products of a phase come from operand rows staged in shared memory
+// (K, V for A; Q, dO for B); the strip's own rows are read from global
+// memory as A fragments. fp16 / bf16: the rows staged once by cp.async, the
+// transposed products' B fragments by ldmatrix.trans from the same rows; 4
+// warps a block and two blocks an SM (a strip's S and dP take 128
+// registers, so 8 warps of 2 blocks would not fit), so that one block's
+// staging runs under the other's products. fp32 runs 3xTF32 (mma_tiles.cuh)
+// with the transposed rows staged beside them: 8 warps, one block an SM.
 #pragma once
+
+#include <type_traits>
 
 #include "bwd_common.cuh"
 #include "mma_tiles.cuh"
@@ -20,9 +27,22 @@ namespace pyg_dfgnn {
 namespace bwd {
 
 constexpr int kTcMax = 128;   // rows and sources of one window
-constexpr int kTcWarps = 8;
-constexpr int kTcThreads = kTcWarps * kWarpSize;
+// count row stride (bytes): a fragment's 8 rows in distinct banks
+constexpr int kTcCntStride = kTcMax + 8;
 constexpr int kTcTiles = kTcMax / 8;
+
+template <typename T>
+constexpr bool tc_bwd_tf32() {
+  return std::is_same<T, float>::value;
+}
+template <typename T>
+constexpr int tc_bwd_warps() {
+  return tc_bwd_tf32<T>() ? 8 : 4;
+}
+template <typename T>
+constexpr int tc_bwd_threads() {
+  return tc_bwd_warps<T>() * kWarpSize;
+}
 
 template <typename T>
 struct TcBwdArgs {
@@ -40,20 +60,21 @@ struct TcBwdArgs {
   float scale;
 };
 
-// Shared memory (bytes, 16-byte aligned): 4 operand slots of kTcMax x (DH +
-// pad) elements ([128][DH + pad] NK rows or [DH][128 + pad] transposed ones,
-// whichever is larger) | counts [128][128] uint8 | lse, D fp32 [128] each |
-// block scalars.
+// Shared memory (bytes, 16-byte aligned): operand slots of kTcMax x (DH +
+// pad) elements -- fp16 / bf16: 2 ([128][DH + pad] rows); fp32: 4 ([128][DH
+// + pad] NK rows or [DH][128 + pad] transposed ones, whichever is larger) |
+// counts [128][kTcCntStride] uint8 | lse, D fp32 [128] each | block scalars.
 struct TcBwdLayout {
   size_t slot, cnt, lse, d, scalars, total;
 };
 __host__ __device__ inline TcBwdLayout tc_bwd_layout(int DH, size_t elem) {
   const int pad = (int)(16 / elem);
   const size_t a = (size_t)kTcMax * (DH + pad), b = (size_t)DH * (kTcMax + pad);
+  const bool tf32 = elem == 4;
   TcBwdLayout L;
-  L.slot = align16((a > b ? a : b) * elem);
-  L.cnt = 4 * L.slot;
-  L.lse = L.cnt + (size_t)kTcMax * kTcMax;
+  L.slot = align16((tf32 && b > a ? b : a) * elem);
+  L.cnt = (tf32 ? 4 : 2) * L.slot;
+  L.lse = L.cnt + (size_t)kTcMax * kTcCntStride;
   L.d = L.lse + kTcMax * 4;
   L.scalars = L.d + kTcMax * 4;
   L.total = L.scalars + 16;
@@ -61,19 +82,22 @@ __host__ __device__ inline TcBwdLayout tc_bwd_layout(int DH, size_t elem) {
 }
 
 template <typename T, int DH>
-__global__ void __launch_bounds__(kTcThreads, 1)
+__global__ void __launch_bounds__(tc_bwd_threads<T>(), tc_bwd_tf32<T>() ? 1 : 2)
     tc_bwd_kernel(TcBwdArgs<T> a, const int64_t* __restrict__ windows) {
   using M = MmaTile<T>;
   constexpr bool kTf32 = M::kTf32;
+  constexpr int kWarps = tc_bwd_warps<T>(), kThreads = tc_bwd_threads<T>();
   constexpr int kK = M::kK, kPad = (int)(16 / sizeof(T));
   constexpr int NS = DH + kPad;      // stride of NK rows [128][DH]
   constexpr int TS = kTcMax + kPad;  // stride of transposed rows [DH][128]
   constexpr int kOut = DH / 8;       // n-tiles of a [16 x DH] result
+  constexpr int kOutPart = kOut < 8 ? kOut : 8;  // (fp16 / bf16 registers)
   extern __shared__ __align__(16) unsigned char smem[];
   const TcBwdLayout L = tc_bwd_layout(DH, sizeof(T));
   T* slot[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) slot[i] = reinterpret_cast<T*>(smem + i * L.slot);
+  for (int i = 0; i < 4; ++i)
+    slot[i] = reinterpret_cast<T*>(smem + (kTf32 || i < 2 ? i : 0) * L.slot);
   unsigned char* s_cnt = smem + L.cnt;
   float* s_lse = reinterpret_cast<float*>(smem + L.lse);
   float* s_d = reinterpret_cast<float*>(smem + L.d);
@@ -93,25 +117,34 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   const int src_tiles = (n_src + 7) / 8, row_tiles = (n_rows + 7) / 8;
   const int src_pad = (n_src + 15) / 16 * 16, row_pad = (n_rows + 15) / 16 * 16;
 
-  // ---- counts cnt[row][source - lo]
+  // Stage rows [0, n_pad) of X (row i at X + (base + i) * HD + h * DH; zeros
+  // past n) as NK rows (fp32: permuted within 8-tiles, and, if `t`, as
+  // transposed rows t[d][i] in true order; fp16 / bf16: by cp.async, in
+  // flight until cp_async_wait_all). The host hands aligned inputs.
+  auto stage = [&](const T* x, int64_t base, int n, int n_pad, int h, T* nk,
+                   T* t) {
+    if constexpr (kTf32)
+      tc_stage_rows<T, DH, kThreads>(x + h * DH, base, HD, n, n_pad, nk, NS,
+                                     t, TS, tid);
+    else
+      tc_stage_rows_async<T, DH, kThreads>(x + h * DH, base, HD, n, n_pad,
+                                           nk, NS, tid);
+  };
+
+  // ---- counts cnt[row][source - lo] (the first head's K, V in flight)
+  stage(a.k, src_lo, n_src, src_pad, 0, slot[0], slot[2]);
+  stage(a.v, src_lo, n_src, src_pad, 0, slot[1], nullptr);
   uint32_t* cnt_words = reinterpret_cast<uint32_t*>(s_cnt);
-  for (int i = tid; i < kTcMax * kTcMax / 4; i += kTcThreads) cnt_words[i] = 0u;
+  for (int i = tid; i < kTcMax * kTcCntStride / 16; i += kThreads)
+    reinterpret_cast<uint4*>(s_cnt)[i] = make_uint4(0u, 0u, 0u, 0u);
   __syncthreads();
-  for (int r = warp; r < n_rows; r += kTcWarps)
+  for (int r = warp; r < n_rows; r += kWarps)
     for (int64_t e = a.rowptr[r_begin + r] + lane;
          e < a.rowptr[r_begin + r + 1]; e += kWarpSize) {
       const int c = a.col[e] - src_lo;
-      atomicAdd(&cnt_words[(r * kTcMax + c) / 4], 1u << (8 * (c % 4)));
+      atomicAdd(&cnt_words[(r * kTcCntStride + c) / 4], 1u << (8 * (c % 4)));
     }
 
-  // Stage rows [0, n_pad) of X (row i at X + (base + i) * HD + h * DH; zeros
-  // past n) as NK rows (fp32: permuted within 8-tiles) and, if `t`, as
-  // transposed rows t[d][i] in true order.
-  auto stage = [&](const T* x, int64_t base, int n, int n_pad, int h, T* nk,
-                   T* t) {
-    tc_stage_rows<T, DH, kTcThreads>(x + h * DH, base, HD, n, n_pad, nk, NS,
-                                     t, TS, tid);
-  };
   // s = X N0^T and dp = Y N1^T over the used 8-tiles of n (NK rows in
   // slots 0 and 1): X, Y as row pairs (rows g, g + 8; nullptr: zeros) in
   // global memory -- S and dP of a row strip (X = Q, Y = dO), S^T and dP^T
@@ -127,44 +160,66 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     for (int k0 = 0; k0 < DH; k0 += kK) {
       const typename M::A fx = M::load_a(xa, xb, k0, q4);
       const typename M::A fy = M::load_a(ya, yb, k0, q4);
+      if constexpr (kTf32) {
 #pragma unroll
-      for (int t = 0; t < kTcTiles; ++t)
-        if (t < n_tiles) {
-          M::mma(s[t], fx, slot[0] + (t * 8 + g) * NS, k0, q4);
-          M::mma(dp[t], fy, slot[1] + (t * 8 + g) * NS, k0, q4);
-        }
+        for (int t = 0; t < kTcTiles; ++t)
+          if (t < n_tiles) {
+            M::mma(s[t], fx, slot[0] + (t * 8 + g) * NS, k0, q4);
+            M::mma(dp[t], fy, slot[1] + (t * 8 + g) * NS, k0, q4);
+          }
+      } else {
+        mma_nk_pairs<T>(s, fx.hi, n_tiles, slot[0], NS, k0, lane);
+        mma_nk_pairs<T>(dp, fy.hi, n_tiles, slot[1], NS, k0, lane);
+      }
     }
   };
   // Window index (source in A, row in B) of accumulator element i of
   // 8-tile t.
   auto index_of = [&](int t, int i) { return t * 8 + M::column(q4, i); };
   // acc = x B over the used 8-tiles of k (x: accumulator tiles reused as A
-  // fragments; B's column g of n-tile nt at the transposed rows `nk`),
-  // stored times `sc` to rows a / b of `out`.
+  // fragments; B's column g of n-tile nt: fp32 at the transposed rows `t`,
+  // fp16 / bf16 from the operand rows `rows`), stored times `sc` to rows
+  // a / b of `out`.
   auto product = [&](const float (&x)[kTcTiles][4], int k_tiles,
-                     const T* nk, T* out, int64_t at_a, int64_t at_b,
-                     bool ok_a, bool ok_b, float sc) {
-    float acc[kOut][4];
-    M::product(acc, x, k_tiles, nk, TS, g, q4);
-#pragma unroll
-    for (int nt = 0; nt < kOut; ++nt) {
+                     const T* rows, const T* t, T* out, int64_t at_a,
+                     int64_t at_b, bool ok_a, bool ok_b, float sc) {
+    auto store = [&](int nt, const float (&acc)[4]) {
       const int f = nt * 8 + 2 * q4;
-      float xa[2] = {acc[nt][0] * sc, acc[nt][1] * sc};
-      float xb[2] = {acc[nt][2] * sc, acc[nt][3] * sc};
+      float xa[2] = {acc[0] * sc, acc[1] * sc};
+      float xb[2] = {acc[2] * sc, acc[3] * sc};
       if (ok_a) store_vec<T, 2>(out + at_a + f, xa);
       if (ok_b) store_vec<T, 2>(out + at_b + f, xb);
+    };
+    if constexpr (kTf32) {
+      float acc[kOut][4];
+      M::product(acc, x, k_tiles, t, TS, g, q4);
+#pragma unroll
+      for (int nt = 0; nt < kOut; ++nt) store(nt, acc[nt]);
+    } else {
+      uint32_t pa[kTcTiles / 2][4];
+      pack_a_steps<T>(pa, x);
+#pragma unroll
+      for (int part = 0; part < kOut; part += kOutPart) {
+        float acc[kOutPart][4];
+        product_rows<T>(acc, pa, k_tiles * 8, rows, NS, part, lane);
+#pragma unroll
+        for (int nt = 0; nt < kOutPart; ++nt) store(part + nt, acc[nt]);
+      }
     }
   };
 
   for (int h = 0; h < H; ++h) {
     // ================================================= A: row strips
-    __syncthreads();  // counts done; the previous head's phase B is done
-    stage(a.k, src_lo, n_src, src_pad, h, slot[0], slot[2]);
-    stage(a.v, src_lo, n_src, src_pad, h, slot[1], nullptr);
-    for (int r = tid; r < n_rows; r += kTcThreads)
+    if (h > 0) {
+      __syncthreads();  // the previous head's phase B is done with the slots
+      stage(a.k, src_lo, n_src, src_pad, h, slot[0], slot[2]);
+      stage(a.v, src_lo, n_src, src_pad, h, slot[1], nullptr);
+    }
+    for (int r = tid; r < n_rows; r += kThreads)
       s_lse[r] = a.lse[(r_begin + r) * H + h];
-    __syncthreads();
-    for (int r0 = warp * 16; r0 < n_rows; r0 += kTcWarps * 16) {
+    if constexpr (!kTf32) cp_async_wait_all();
+    __syncthreads();  // staged rows, counts and lse visible to every warp
+    for (int r0 = warp * 16; r0 < n_rows; r0 += kWarps * 16) {
       const bool ok_a = r0 + g < n_rows, ok_b = r0 + g + 8 < n_rows;
       const int64_t row_a = r_begin + r0 + g, row_b = row_a + 8;
       const T* qa = ok_a ? a.q + row_a * HD + h * DH : nullptr;
@@ -175,8 +230,8 @@ __global__ void __launch_bounds__(kTcThreads, 1)
       two_products(qa, qb, oa, ob, src_tiles, s, dp);
       const float lse_a = ok_a ? s_lse[r0 + g] : 0.f;
       const float lse_b = ok_b ? s_lse[r0 + g + 8] : 0.f;
-      const unsigned char* ca = s_cnt + (r0 + g) * kTcMax;
-      const unsigned char* cb = ca + 8 * kTcMax;
+      const unsigned char* ca = s_cnt + (r0 + g) * kTcCntStride;
+      const unsigned char* cb = ca + 8 * kTcCntStride;
       float d_a = 0.f, d_b = 0.f;
 #pragma unroll
       for (int t = 0; t < kTcTiles; ++t)
@@ -205,8 +260,8 @@ __global__ void __launch_bounds__(kTcThreads, 1)
 #pragma unroll
         for (int i = 0; i < 4; ++i)
           s[t][i] *= dp[t][i] - (i < 2 ? d_a : d_b);  // ds
-      // dQ = scale dS K (k over sources: K^T rows in slot 2)
-      product(s, src_tiles, slot[2], a.dq, row_a * HD + h * DH,
+      // dQ = scale dS K (k over sources: K's rows, fp32 K^T in slot 2)
+      product(s, src_tiles, slot[0], slot[2], a.dq, row_a * HD + h * DH,
               row_b * HD + h * DH, ok_a, ok_b, a.scale);
     }
 
@@ -214,8 +269,9 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     __syncthreads();  // phase A done with the slots; D complete
     stage(a.q, r_begin, n_rows, row_pad, h, slot[0], slot[2]);
     stage(a.dout, r_begin, n_rows, row_pad, h, slot[1], slot[3]);
+    if constexpr (!kTf32) cp_async_wait_all();
     __syncthreads();
-    for (int c0 = warp * 16; c0 < n_src; c0 += kTcWarps * 16) {
+    for (int c0 = warp * 16; c0 < n_src; c0 += kWarps * 16) {
       const bool ok_a = c0 + g < n_src, ok_b = c0 + g + 8 < n_src;
       const int64_t src_a = src_lo + c0 + g, src_b = src_a + 8;
       const T* ka = ok_a ? a.k + src_a * HD + h * DH : nullptr;
@@ -231,16 +287,17 @@ __global__ void __launch_bounds__(kTcThreads, 1)
           const int r = index_of(t, i);  // window row of this column
           const bool ok = t < row_tiles && r < n_rows && (i < 2 ? ok_a : ok_b);
           const unsigned c =
-              ok ? s_cnt[r * kTcMax + c0 + g + (i < 2 ? 0 : 8)] : 0u;
+              ok ? s_cnt[r * kTcCntStride + c0 + g + (i < 2 ? 0 : 8)] : 0u;
           const float p =
               c > 0 ? (float)c * expf(s[t][i] * a.scale - s_lse[r]) : 0.f;
           s[t][i] = p;
           dp[t][i] = c > 0 ? p * (dp[t][i] - s_d[r]) : 0.f;  // ds
         }
-      // dV = P^T dO (dO^T rows in slot 3), dK = scale dS^T Q (Q^T in 2)
-      product(s, row_tiles, slot[3], a.dv, src_a * HD + h * DH,
+      // dV = P^T dO (dO's rows; fp32 dO^T in slot 3), dK = scale dS^T Q
+      // (Q's rows; fp32 Q^T in slot 2)
+      product(s, row_tiles, slot[1], slot[3], a.dv, src_a * HD + h * DH,
               src_b * HD + h * DH, ok_a, ok_b, 1.f);
-      product(dp, row_tiles, slot[2], a.dk, src_a * HD + h * DH,
+      product(dp, row_tiles, slot[0], slot[2], a.dk, src_a * HD + h * DH,
               src_b * HD + h * DH, ok_a, ok_b, a.scale);
     }
   }

@@ -94,8 +94,6 @@ __global__ void __launch_bounds__(kTcThreads, tc_fwd_min_blocks<T>())
   const int H = a.H, HD = H * DH;
   const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
   const int g = lane / 4, q4 = lane % 4;  // fragment row group / quad lane
-  // ldmatrix: this lane's row (r8) of matrix m4 of the four
-  const int m4 = lane / 8, r8 = lane % 8;
   const int64_t w_begin = windows[blockIdx.x], w_end = windows[blockIdx.x + 1];
 
   if (tid == 0) s_lo[0] = INT32_MAX, s_lo[1] = -1, s_lo[2] = 0;
@@ -169,17 +167,7 @@ __global__ void __launch_bounds__(kTcThreads, tc_fwd_min_blocks<T>())
             if (t < n_tiles8)
               M::mma(s[t], fq, s_k + (t * 8 + g) * KS, k0, q4);
         } else {
-          // tiles t, t + 1 (staged up to n_pad): matrices (tile t + m4 / 2,
-          // k half m4 % 2) are their b0, b1
-#pragma unroll
-          for (int t = 0; t < kTcSrcTiles; t += 2)
-            if (t < n_tiles8) {
-              uint32_t b[4];
-              ldmatrix_x4(b, s_k + ((t + m4 / 2) * 8 + r8) * KS + k0 +
-                                 8 * (m4 % 2));
-              mma_16816<T>(s[t], fq.hi, b[0], b[1]);
-              mma_16816<T>(s[t + 1], fq.hi, b[2], b[3]);
-            }
+          mma_nk_pairs<T>(s, fq.hi, n_tiles8, s_k, KS, k0, lane);
         }
       }
       // ---- mask, row max (rows g and g + 8: a quad holds a row)
@@ -254,33 +242,11 @@ __global__ void __launch_bounds__(kTcThreads, tc_fwd_min_blocks<T>())
         // P packed per 16-source k-step (S's registers free), then O in
         // parts of kOutPart n-tiles
         uint32_t pa[kTcSrcTiles / 2][4];
-#pragma unroll
-        for (int j = 0; j < kTcSrcTiles / 2; ++j) {
-          pa[j][0] = pack2<T>(s[2 * j][0], s[2 * j][1]);
-          pa[j][1] = pack2<T>(s[2 * j][2], s[2 * j][3]);
-          pa[j][2] = pack2<T>(s[2 * j + 1][0], s[2 * j + 1][1]);
-          pa[j][3] = pack2<T>(s[2 * j + 1][2], s[2 * j + 1][3]);
-        }
+        pack_a_steps<T>(pa, s);
 #pragma unroll
         for (int part = 0; part < kOutTiles; part += kOutPart) {
           float o[kOutPart][4];
-#pragma unroll
-          for (int nt = 0; nt < kOutPart; ++nt)
-            o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
-#pragma unroll
-          for (int j = 0; j < kTcSrcTiles / 2; ++j)
-            if (2 * j < n_tiles8) {
-              // matrices (k half m4 % 2, n-tile m4 / 2) of V's rows 16 j ..:
-              // b0, b1 of n-tiles nt, nt + 1
-#pragma unroll
-              for (int nt = 0; nt < kOutPart; nt += 2) {
-                uint32_t b[4];
-                ldmatrix_x4_trans(b, s_v + (16 * j + 8 * (m4 % 2) + r8) * KS +
-                                         (part + nt + m4 / 2) * 8);
-                mma_16816<T>(o[nt], pa[j], b[0], b[1]);
-                mma_16816<T>(o[nt + 1], pa[j], b[2], b[3]);
-              }
-            }
+          product_rows<T>(o, pa, n_tiles8 * 8, s_v, KS, part, lane);
 #pragma unroll
           for (int nt = 0; nt < kOutPart; ++nt) store(part + nt, o[nt]);
         }

@@ -186,6 +186,71 @@ __device__ __forceinline__ void tc_stage_rows_async(
   }
 }
 
+// ------------------------------------------------------------ fp16 / bf16
+// products on operand rows as staged (row-major, no transposed copies).
+// Tiles are staged with zeros up to a multiple of 16 rows, so that tiles go
+// in pairs; ldmatrix lane l addresses row l % 8 of matrix l / 8.
+
+// d[t], d[t + 1] += a B for the used tile pairs (t < n_tiles) of NK rows
+// (row n of B^T at nk + n * ns; k-step k0): matrices (tile t + m / 2, k half
+// m % 2) are b0, b1 of both tiles, one ldmatrix per pair.
+template <typename T, int kTiles>
+__device__ __forceinline__ void mma_nk_pairs(float (&d)[kTiles][4],
+                                             const uint32_t (&a)[4],
+                                             int n_tiles, const T* nk, int ns,
+                                             int k0, int lane) {
+  const int m4 = lane / 8, r8 = lane % 8;
+#pragma unroll
+  for (int t = 0; t < kTiles; t += 2)
+    if (t < n_tiles) {
+      uint32_t b[4];
+      ldmatrix_x4(b, nk + ((t + m4 / 2) * 8 + r8) * ns + k0 + 8 * (m4 % 2));
+      mma_16816<T>(d[t], a, b[0], b[1]);
+      mma_16816<T>(d[t + 1], a, b[2], b[3]);
+    }
+}
+
+// Accumulator 8-tiles (over k) as the A fragments of 16-wide k-steps.
+template <typename T, int kTiles>
+__device__ __forceinline__ void pack_a_steps(uint32_t (&pa)[kTiles / 2][4],
+                                             const float (&x)[kTiles][4]) {
+#pragma unroll
+  for (int j = 0; j < kTiles / 2; ++j) {
+    pa[j][0] = pack2<T>(x[2 * j][0], x[2 * j][1]);
+    pa[j][1] = pack2<T>(x[2 * j][2], x[2 * j][3]);
+    pa[j][2] = pack2<T>(x[2 * j + 1][0], x[2 * j + 1][1]);
+    pa[j][3] = pack2<T>(x[2 * j + 1][2], x[2 * j + 1][3]);
+  }
+}
+
+// acc = A B over the used k-steps (16 j < k_used) for n-tiles n0 .. n0 +
+// kOut, B[k][n] at rows[k * ns + n] (K, V, Q or dO rows as staged):
+// matrices (k half m % 2, n-tile m / 2) by ldmatrix.trans are b0, b1 of two
+// n-tiles.
+template <typename T, int kSteps, int kOut>
+__device__ __forceinline__ void product_rows(float (&acc)[kOut][4],
+                                             const uint32_t (&pa)[kSteps][4],
+                                             int k_used, const T* rows,
+                                             int ns, int n0, int lane) {
+  static_assert(kOut % 2 == 0, "n-tiles in pairs");
+  const int m4 = lane / 8, r8 = lane % 8;
+#pragma unroll
+  for (int nt = 0; nt < kOut; ++nt)
+    acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+#pragma unroll
+  for (int j = 0; j < kSteps; ++j)
+    if (16 * j < k_used) {
+#pragma unroll
+      for (int nt = 0; nt < kOut; nt += 2) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, rows + (16 * j + 8 * (m4 % 2) + r8) * ns +
+                                 (n0 + nt + m4 / 2) * 8);
+        mma_16816<T>(acc[nt], pa[j], b[0], b[1]);
+        mma_16816<T>(acc[nt + 1], pa[j], b[2], b[3]);
+      }
+    }
+}
+
 // ------------------------------------------------------------ tiles
 // MmaTile<T>: the fragments and the product of one dtype.
 template <typename T>
