@@ -237,10 +237,12 @@ def test_smmf_forward_tc_backward_is_picked_and_matches(dtype):
     training features keep strategy 0."""
     cuda = _cuda()
     g = torch.Generator().manual_seed(7)
-    ei, n = dense_batch([100, 37, 128, 1, 90], cuda.TC_BWD_MIN_MEAN_DEGREE + 6,
-                        g)
+    # D = 16: the TC forward pays only from a higher degree than this
+    degree = cuda.TC_BWD_MIN_MEAN_DEGREE + 6
+    assert degree < cuda.TC_FWD_MIN_MEAN_DEGREE[16]
+    ei, n = dense_batch([100, 37, 128, 1, 90], degree, g)
     graph = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
-    q, k, v = inputs(n, 2, 32, dtype, g)
+    q, k, v = inputs(n, 8, 16, dtype, g)
     assert cuda._plan(graph, 'dot', q, v, None, backward=True)[0] == 4
     assert cuda._plan(graph, 'dot', q, v, None, backward=False)[0] == 0
     assert cuda._plan(graph, 'dot', q, v, None, backward=True,
@@ -252,7 +254,7 @@ def test_smmf_forward_tc_backward_is_picked_and_matches(dtype):
     # sparse: the rows / cols passes stay
     ei, n = dense_batch([100, 60], 4, g)
     sparse = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
-    q, _, v = inputs(n, 2, 32, dtype, g)
+    q, _, v = inputs(n, 8, 16, dtype, g)
     assert cuda._plan(sparse, 'dot', q, v, None, backward=True)[0] == 0
 
 
