@@ -91,7 +91,6 @@ __global__ void __launch_bounds__(tc_bwd_threads<T>(), tc_bwd_tf32<T>() ? 1 : 2)
   constexpr int NS = DH + kPad;      // stride of NK rows [128][DH]
   constexpr int TS = kTcMax + kPad;  // stride of transposed rows [DH][128]
   constexpr int kOut = DH / 8;       // n-tiles of a [16 x DH] result
-  constexpr int kOutPart = kOut < 8 ? kOut : 8;  // (fp16 / bf16 registers)
   extern __shared__ __align__(16) unsigned char smem[];
   const TcBwdLayout L = tc_bwd_layout(DH, sizeof(T));
   T* slot[4];
@@ -190,22 +189,8 @@ __global__ void __launch_bounds__(tc_bwd_threads<T>(), tc_bwd_tf32<T>() ? 1 : 2)
       if (ok_a) store_vec<T, 2>(out + at_a + f, xa);
       if (ok_b) store_vec<T, 2>(out + at_b + f, xb);
     };
-    if constexpr (kTf32) {
-      float acc[kOut][4];
-      M::product(acc, x, k_tiles, t, TS, g, q4);
-#pragma unroll
-      for (int nt = 0; nt < kOut; ++nt) store(nt, acc[nt]);
-    } else {
-      uint32_t pa[kTcTiles / 2][4];
-      pack_a_steps<T>(pa, x);
-#pragma unroll
-      for (int part = 0; part < kOut; part += kOutPart) {
-        float acc[kOutPart][4];
-        product_rows<T>(acc, pa, k_tiles * 8, rows, NS, part, lane);
-#pragma unroll
-        for (int nt = 0; nt < kOutPart; ++nt) store(part + nt, acc[nt]);
-      }
-    }
+    product_store<T, kTcTiles, kOut>(x, k_tiles, rows, NS, t, TS, lane,
+                                     store);
   };
 
   for (int h = 0; h < H; ++h) {

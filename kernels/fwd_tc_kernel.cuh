@@ -83,7 +83,6 @@ __global__ void __launch_bounds__(kTcThreads, tc_fwd_min_blocks<T>())
   constexpr int KS = DH + kPad;            // K (fp16 / bf16: V too) rows
   constexpr int VS = kTcMaxSrc + kPad;     // fp32's V columns
   constexpr int kOutTiles = DH / 8;        // n-tiles of O
-  constexpr int kOutPart = kOutTiles < 8 ? kOutTiles : 8;
   extern __shared__ __align__(16) unsigned char smem[];
   const TcLayout L = tc_layout(DH, sizeof(T));
   T* s_k = reinterpret_cast<T*>(smem);
@@ -233,24 +232,10 @@ __global__ void __launch_bounds__(kTcThreads, tc_fwd_min_blocks<T>())
         if (ok_a) store_vec<T, 2>(a.out + row_a * HD + f, va);
         if (ok_b) store_vec<T, 2>(a.out + row_b * HD + f, vb);
       };
-      if constexpr (kTf32) {  // P's A fragments are S's accumulators
-        float o[kOutTiles][4];
-        M::product(o, s, n_tiles8, s_v, VS, g, q4);
-#pragma unroll
-        for (int nt = 0; nt < kOutTiles; ++nt) store(nt, o[nt]);
-      } else {
-        // P packed per 16-source k-step (S's registers free), then O in
-        // parts of kOutPart n-tiles
-        uint32_t pa[kTcSrcTiles / 2][4];
-        pack_a_steps<T>(pa, s);
-#pragma unroll
-        for (int part = 0; part < kOutTiles; part += kOutPart) {
-          float o[kOutPart][4];
-          product_rows<T>(o, pa, n_tiles8 * 8, s_v, KS, part, lane);
-#pragma unroll
-          for (int nt = 0; nt < kOutPart; ++nt) store(part + nt, o[nt]);
-        }
-      }
+      // (fp32: P's A fragments are S's accumulators, V staged transposed;
+      // fp16 / bf16: P packed, S's registers free, V from its rows)
+      product_store<T, kTcSrcTiles, kOutTiles>(s, n_tiles8, s_v, KS, s_v, VS,
+                                               lane, store);
       if (q4 == 0) {
         if (ok_a)
           a.lse[row_a * H + h] =

@@ -348,4 +348,35 @@ struct MmaTile {
   }
 };
 
+// out = x B over the used 8-tiles of k (x: accumulator tiles reused as A
+// fragments: P for P V, dS / P in the backward's products), handed to
+// store(nt, acc) per n-tile of the [16 x 8 kOut] result. fp32 (3xTF32): B
+// from transposed rows t ([n][k], stride ts; MmaTile::product); fp16 /
+// bf16: x packed per 16-wide k-step, B from the operand rows `rows` ([k][n],
+// stride ns; product_rows) in parts of at most 8 n-tiles, so that the
+// result takes 32 registers at a time.
+template <typename T, int kTiles, int kOut, typename Store>
+__device__ __forceinline__ void product_store(const float (&x)[kTiles][4],
+                                              int k_tiles, const T* rows,
+                                              int ns, const T* t, int ts,
+                                              int lane, Store store) {
+  if constexpr (MmaTile<T>::kTf32) {
+    float acc[kOut][4];
+    MmaTile<T>::product(acc, x, k_tiles, t, ts, lane / 4, lane % 4);
+#pragma unroll
+    for (int nt = 0; nt < kOut; ++nt) store(nt, acc[nt]);
+  } else {
+    constexpr int kPart = kOut < 8 ? kOut : 8;
+    uint32_t pa[kTiles / 2][4];
+    pack_a_steps<T>(pa, x);
+#pragma unroll
+    for (int part = 0; part < kOut; part += kPart) {
+      float acc[kPart][4];
+      product_rows<T>(acc, pa, k_tiles * 8, rows, ns, part, lane);
+#pragma unroll
+      for (int nt = 0; nt < kPart; ++nt) store(part + nt, acc[nt]);
+    }
+  }
+}
+
 }  // namespace pyg_dfgnn
