@@ -280,9 +280,7 @@ template <typename T> void run_bwd(Args& A) {
                               &A.att, &A.grad_query, &A.grad_key,
                               &A.grad_value, &A.edge_key, &A.edge_value,
                               &A.grad_edge_key, &A.grad_edge_value})
-    if (t->defined() && t->numel() > 0 &&
-        reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 != 0)
-      vec = false;
+    if (!aligned16(*t)) vec = false;
   int optin = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(
       &optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,

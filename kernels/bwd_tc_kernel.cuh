@@ -93,6 +93,8 @@ __global__ void __launch_bounds__(tc_bwd_threads<T>(), tc_bwd_tf32<T>() ? 1 : 2)
   constexpr int kOut = DH / 8;       // n-tiles of a [16 x DH] result
   extern __shared__ __align__(16) unsigned char smem[];
   const TcBwdLayout L = tc_bwd_layout(DH, sizeof(T));
+  // (fp16 / bf16 stage no transposed rows: slots 2, 3 are never written
+  // there, and only name slot 0 so that the calls stay one)
   T* slot[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i)

@@ -268,9 +268,7 @@ fused_attention_bwd_cuda(
                 "features");
     // (as the forward: the fragments read 4 bytes at a time)
     for (at::Tensor* t : {&a.query, &a.key, &a.value, &a.grad_out})
-      if (t->numel() > 0 &&
-          reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 != 0)
-        *t = t->clone();
+      *t = aligned16_or_copy(*t);
     switch (dt) {
       case at::kFloat: pyg_dfgnn::bwd::run_tc_bwd<float>(a); break;
       case at::kHalf: pyg_dfgnn::bwd::run_tc_bwd<at::Half>(a); break;

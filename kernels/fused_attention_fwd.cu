@@ -40,11 +40,6 @@ void check_cuda(const at::Tensor& t, const char* name, at::Device dev) {
               "' must be contiguous");
 }
 
-bool aligned16(const at::Tensor& t) {
-  return !t.defined() || t.numel() == 0 ||
-         reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
-}
-
 // An optional per-edge input: checked, or undefined when absent.
 at::Tensor edge_input(const c10::optional<at::Tensor>& t, const char* name,
                       at::IntArrayRef shape, at::ScalarType dtype,
@@ -220,7 +215,7 @@ fused_attention_fwd_cuda(
     // The MMA fragments and cp.async read 4 / 16 bytes at a time: inputs
     // at an odd offset (views into a larger buffer) run on aligned copies.
     for (at::Tensor* t : {&L.query, &L.key, &L.value})
-      if (!aligned16(*t)) *t = t->clone();
+      *t = aligned16_or_copy(*t);
     if (dtype == at::kFloat)
       run_tc<float>(L);
     else if (dtype == at::kHalf)

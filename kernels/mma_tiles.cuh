@@ -129,12 +129,13 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4],
 // Rows [0, n_pad) of X (row i at x + (base + i) * ld; zeros past n) into
 // shared memory as NK rows `nk` (stride ns; fp32: permuted within 8-tiles,
 // tc_staged_row) and / or transposed rows `t` (t[d * ts + i], true order);
-// either may be nullptr. With x 16-byte aligned (rows then are: DH * size
-// of T is a multiple of 16) one 16-byte load per chunk of a row, the lanes
-// of a warp over consecutive rows, so that a warp's transposed stores are
-// consecutive and its NK row stores fall in distinct banks; one element at
-// a time otherwise. (A scalar load per element made the staging of a
-// 128 x 128 window latency-bound: 64 loads per thread per head.)
+// either may be nullptr. x 16-byte aligned (the host hands the TC kernels
+// aligned inputs; rows then are: DH * size of T is a multiple of 16): one
+// 16-byte load per chunk of a row, the lanes of a warp over consecutive
+// rows, so that a warp's transposed stores are consecutive and its NK row
+// stores fall in distinct banks. (A scalar load per element made the
+// staging of a 128 x 128 window latency-bound: 64 loads per thread per
+// head.)
 template <typename T, int DH, int kThreads>
 __device__ __forceinline__ void tc_stage_rows(const T* __restrict__ x,
                                               int64_t base, int64_t ld, int n,
@@ -143,29 +144,18 @@ __device__ __forceinline__ void tc_stage_rows(const T* __restrict__ x,
   constexpr bool kTf32 = std::is_same<T, float>::value;
   constexpr int kVec = (int)(16 / sizeof(T)), kChunks = DH / kVec;
   static_assert(DH % kVec == 0, "rows of whole 16-byte chunks");
-  if ((reinterpret_cast<uintptr_t>(x) & 15) == 0) {
-    for (int i = tid; i < n_pad * kChunks; i += kThreads) {
-      const int j = i % n_pad, d0 = (i / n_pad) * kVec;
-      uint4 raw = make_uint4(0u, 0u, 0u, 0u);
-      if (j < n)
-        raw = *reinterpret_cast<const uint4*>(x + (base + j) * ld + d0);
-      if (nk != nullptr)
-        *reinterpret_cast<uint4*>(nk + (kTf32 ? tc_staged_row(j) : j) * ns +
-                                  d0) = raw;
-      if (t != nullptr) {
-        const T* v = reinterpret_cast<const T*>(&raw);
+  for (int i = tid; i < n_pad * kChunks; i += kThreads) {
+    const int j = i % n_pad, d0 = (i / n_pad) * kVec;
+    uint4 raw = make_uint4(0u, 0u, 0u, 0u);
+    if (j < n) raw = *reinterpret_cast<const uint4*>(x + (base + j) * ld + d0);
+    if (nk != nullptr)
+      *reinterpret_cast<uint4*>(nk + (kTf32 ? tc_staged_row(j) : j) * ns +
+                                d0) = raw;
+    if (t != nullptr) {
+      const T* v = reinterpret_cast<const T*>(&raw);
 #pragma unroll
-        for (int u = 0; u < kVec; ++u) t[(d0 + u) * ts + j] = v[u];
-      }
+      for (int u = 0; u < kVec; ++u) t[(d0 + u) * ts + j] = v[u];
     }
-    return;
-  }
-  for (int i = tid; i < n_pad * DH; i += kThreads) {
-    const int j = i / DH, d = i - j * DH;
-    T val = from_float<T>(0.f);
-    if (j < n) val = x[(base + j) * ld + d];
-    if (nk != nullptr) nk[(kTf32 ? tc_staged_row(j) : j) * ns + d] = val;
-    if (t != nullptr) t[d * ts + j] = val;
   }
 }
 

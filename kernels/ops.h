@@ -40,9 +40,22 @@
 //     without it). Absent outputs are empty tensors.
 #pragma once
 #include <ATen/ATen.h>
+#include <cstdint>
 #include <tuple>
 
 enum ScoreKind : int64_t { kDot = 0, kAdd = 1, kGatv2 = 2 };
+
+// A tensor whose data starts on a 16-byte boundary (or has none): the
+// vector paths' and the tensor-core windows' 16-byte accesses need it.
+inline bool aligned16(const at::Tensor& t) {
+  return !t.defined() || t.numel() == 0 ||
+         reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+// t, or an aligned copy where it is not (a view at an odd offset): the
+// tensor-core windows, which have no unaligned path.
+inline at::Tensor aligned16_or_copy(const at::Tensor& t) {
+  return aligned16(t) ? t : t.clone();
+}
 
 // -> (out [N_dst,H,F] in value's dtype, lse [N_dst,H] float32,
 //     alpha [E,H] (or [0,H]), rng_state int64 [2] (or [0]))
