@@ -5,26 +5,28 @@
 // multiplicities, so multigraphs stay exact); per head, the sources' K and V
 // rows are staged once (cp.async, in flight while the counts are formed),
 // and each warp takes 16 rows:
-//   S = scale * Q K^T          fp16 / bf16: mma.m16n8k16, K's B fragments
-//                              by ldmatrix; fp32: 3xTF32 (three
-//                              mma.m16n8k8 per product on the hi / lo tf32
-//                              halves: about fp32 accuracy); fp32
+//   S = scale * Q K^T          fp16 / bf16: mma.m16n8k16; fp32: 3xTF32
+//                              (three mma.m16n8k8 per product on the hi / lo
+//                              tf32 halves: about fp32 accuracy); K's B
+//                              fragments by ldmatrix (fp32: K's rows
+//                              permuted within 8-tiles, tc_staged_row), fp32
 //                              accumulators; Q fragments read from global
 //                              memory once per head
 //   p = cnt * exp(S - max)     in registers, masked where cnt == 0
 //   O = P V / sum(p)           P's A fragments are S's accumulators (fp16 /
 //                              bf16: P packed to the input type, V's B
-//                              fragments by ldmatrix.trans from its rows, O
-//                              in parts of 64 features; fp32: V staged
-//                              transposed, its sources of each 8-tile in the
-//                              order that makes S's accumulators P's A)
+//                              fragments by ldmatrix.trans; fp32: split to
+//                              tf32 halves, V's by two scalar reads), V
+//                              from its rows in true order, O in parts of
+//                              64 features
 // lse = max + log(sum + 1e-16) (-inf for an empty row) and O follow SMMF's
 // conventions, so either backward (the rows / cols passes, or the TC
 // windows of bwd_tc_kernel.cuh) takes it.
 // A whole row of scores lives in registers (16 accumulator tiles of 8
-// sources): no online softmax, one pass over K and V. fp16 / bf16 run two
-// blocks per SM (<= 128 registers: P packed, O in parts), so that one
-// block's staging runs under the other's products; fp32 one.
+// sources): no online softmax, one pass over K and V. Two blocks per SM
+// (<= 128 registers: P packed or split at use, O in parts), so that one
+// block's staging runs under the other's products; fp32 at D = 128 stages
+// a head's K and V in turn into one buffer so that two blocks fit.
 #pragma once
 
 #include <type_traits>
@@ -46,26 +48,39 @@ constexpr int kTcThreads = kTcWarps * kWarpSize;
 constexpr int kTcSrcTiles = kTcMaxSrc / 8;  // n-tiles of S
 constexpr int kTcMaxDegree = 255;  // multiplicities fit a byte
 
-template <typename T>
-constexpr int tc_fwd_min_blocks() {
-  return std::is_same<T, float>::value ? 1 : 2;
+constexpr int kTcMinBlocks = 2;  // per SM
+
+// Row strides (elements) of the staged K and V rows: K 16 bytes past DH
+// (ldmatrix's 8 rows in distinct banks); V the same for fp16 / bf16
+// (ldmatrix.trans), 8 words past DH for fp32 (its scalar B reads of rows q,
+// q + 4 in distinct banks).
+__host__ __device__ constexpr int tc_k_stride(int DH, int elem) {
+  return DH + 16 / elem;
+}
+__host__ __device__ constexpr int tc_v_stride(int DH, int elem) {
+  return elem == 4 ? DH + 8 : DH + 16 / elem;
+}
+// fp32 at D = 128: K and V of a head take turns in one buffer (both would
+// not leave room for two blocks per SM).
+__host__ __device__ constexpr bool tc_share_kv(int DH, int elem) {
+  return elem == 4 && DH == 128;
 }
 
 // Shared memory of a TC block (byte offsets, 16-byte aligned): K rows of
-// the head [kTcMaxSrc][DH + pad] T | V of the head: fp16 / bf16 rows
-// [kTcMaxSrc][DH + pad], fp32 columns [DH][kTcMaxSrc + pad] | counts
-// [kTcMaxRows][kTcCntStride] uint8 | block scalars. The pads (16 bytes)
-// spread a fragment's rows over the banks.
+// the head [kTcMaxSrc][tc_k_stride] T | V rows of the head
+// [kTcMaxSrc][tc_v_stride] T (tc_share_kv: at K's offset) | counts
+// [kTcMaxRows][kTcCntStride] uint8 | block scalars.
 struct TcLayout {
   size_t v, cnt, scalars, total;
 };
 __host__ __device__ inline TcLayout tc_layout(int DH, size_t elem) {
-  const int pad = (int)(16 / elem);
-  const size_t v_elems = elem == 4 ? (size_t)DH * (kTcMaxSrc + pad)
-                                   : (size_t)kTcMaxSrc * (DH + pad);
+  const size_t k_bytes =
+      (size_t)kTcMaxSrc * tc_k_stride(DH, (int)elem) * elem;
+  const size_t v_bytes =
+      (size_t)kTcMaxSrc * tc_v_stride(DH, (int)elem) * elem;
   TcLayout L;
-  L.v = align16((size_t)kTcMaxSrc * (DH + pad) * elem);
-  L.cnt = align16(L.v + v_elems * elem);
+  L.v = tc_share_kv(DH, (int)elem) ? 0 : align16(k_bytes);
+  L.cnt = align16(L.v + v_bytes > k_bytes ? L.v + v_bytes : k_bytes);
   L.scalars = L.cnt + (size_t)kTcMaxRows * kTcCntStride;
   L.total = L.scalars + 16;
   return L;
@@ -73,16 +88,19 @@ __host__ __device__ inline TcLayout tc_layout(int DH, size_t elem) {
 
 // One window per block: rows windows[b] .. windows[b + 1]; DH = D = F.
 template <typename T, int DH>
-__global__ void __launch_bounds__(kTcThreads, tc_fwd_min_blocks<T>())
+__global__ void __launch_bounds__(kTcThreads, kTcMinBlocks)
     tc_fwd_kernel(FwdArgs<T, int32_t> a, const int64_t* __restrict__ windows) {
   static_assert(DH % 16 == 0 && DH <= 128, "DH: 16, 32, 64 or 128");
   using M = MmaTile<T>;
   constexpr bool kTf32 = M::kTf32;
   constexpr int kK = M::kK;
-  constexpr int kPad = (int)(16 / sizeof(T));
-  constexpr int KS = DH + kPad;            // K (fp16 / bf16: V too) rows
-  constexpr int VS = kTcMaxSrc + kPad;     // fp32's V columns
+  constexpr int KS = tc_k_stride(DH, (int)sizeof(T));
+  constexpr int VS = tc_v_stride(DH, (int)sizeof(T));
+  constexpr bool kShareKV = tc_share_kv(DH, (int)sizeof(T));
   constexpr int kOutTiles = DH / 8;        // n-tiles of O
+  // k-steps of S unrolled: all for fp16 / bf16; two for fp32, whose three
+  // mma per product made the whole kernel ~300 KB of code
+  constexpr int kUnrollK = kTf32 ? 2 : DH / kK;
   extern __shared__ __align__(16) unsigned char smem[];
   const TcLayout L = tc_layout(DH, sizeof(T));
   T* s_k = reinterpret_cast<T*>(smem);
@@ -102,25 +120,25 @@ __global__ void __launch_bounds__(kTcThreads, tc_fwd_min_blocks<T>())
   if (n_src > kTcMaxSrc) __trap();  // the host dispatch rules this out
   // Source 8-tiles in use; staged with zeros up to 16 sources.
   const int n_tiles8 = (n_src + 7) / 8, n_pad = (n_src + 15) / 16 * 16;
-  // K and V rows of head h into shared memory (the copies still in flight
-  // on return: cp_async_wait_all and a barrier before use). The host hands
-  // 16-byte aligned inputs, so every row is (DH * size of T is a multiple).
-  auto stage = [&](int h) {
+  // K (fp32: permuted within 8-tiles) and V rows (true order) of head h
+  // into shared memory (the copies still in flight on return:
+  // cp_async_wait_all and a barrier before use). The host hands 16-byte
+  // aligned inputs, so every row is (DH * size of T is a multiple).
+  auto stage_k = [&](int h) {
     tc_stage_rows_async<T, DH, kTcThreads>(a.k + h * DH, src_lo, HD, n_src,
                                            n_pad, s_k, KS, tid);
-    if constexpr (kTf32)
-      tc_stage_rows<T, DH, kTcThreads>(a.v + h * DH, src_lo, HD, n_src,
-                                       n_pad, nullptr, 0, s_v, VS, tid);
-    else
-      tc_stage_rows_async<T, DH, kTcThreads>(a.v + h * DH, src_lo, HD, n_src,
-                                             n_pad, s_v, KS, tid);
+  };
+  auto stage_v = [&](int h) {
+    tc_stage_rows_async<T, DH, kTcThreads, false>(a.v + h * DH, src_lo, HD,
+                                                  n_src, n_pad, s_v, VS, tid);
   };
 
   for (int64_t c_begin = w_begin; c_begin < w_end; c_begin += kTcMaxRows) {
     const int n_rows =
         (int)(w_end - c_begin < kTcMaxRows ? w_end - c_begin : kTcMaxRows);
     __syncthreads();  // the previous chunk is done with s_k, s_v, s_cnt
-    stage(0);         // in flight under the counts
+    stage_k(0);       // in flight under the counts
+    if constexpr (!kShareKV) stage_v(0);
     // ---- counts of the chunk's edges: cnt[row][source - lo]
     uint32_t* cnt_words = reinterpret_cast<uint32_t*>(s_cnt);
     for (int i = tid; i < kTcMaxRows * kTcCntStride / 16; i += kTcThreads)
@@ -140,89 +158,95 @@ __global__ void __launch_bounds__(kTcThreads, tc_fwd_min_blocks<T>())
     for (int h = 0; h < H; ++h) {
       if (h > 0) {
         __syncthreads();  // every warp is done with head h - 1's rows
-        stage(h);
+        stage_k(h);
+        if constexpr (!kShareKV) stage_v(h);
       }
       cp_async_wait_all();
       __syncthreads();  // staged rows and counts visible to every warp
       const bool multi = s_lo[2] != 0;  // (block-uniform)
 
       const int r0 = warp * 16;  // this warp's 16 rows (warp-uniform)
-      if (r0 >= n_rows) continue;
+      const bool active = r0 < n_rows;  // (kShareKV: barriers below)
       const int64_t row_a = c_begin + r0 + g, row_b = row_a + 8;
       const bool ok_a = r0 + g < n_rows, ok_b = r0 + g + 8 < n_rows;
-      const T* qa = ok_a ? a.q + row_a * HD + h * DH : nullptr;
-      const T* qb = ok_b ? a.q + row_b * HD + h * DH : nullptr;
-      // ---- S = Q K^T over the used source tiles
       float s[kTcSrcTiles][4];
+      float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;
+      if (active) {
+        const T* qa = ok_a ? a.q + row_a * HD + h * DH : nullptr;
+        const T* qb = ok_b ? a.q + row_b * HD + h * DH : nullptr;
+        // ---- S = Q K^T over the used source tiles
 #pragma unroll
-      for (int t = 0; t < kTcSrcTiles; ++t)
-        s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
-#pragma unroll
-      for (int k0 = 0; k0 < DH; k0 += kK) {
-        const typename M::A fq = M::load_a(qa, qb, k0, q4);
-        if constexpr (kTf32) {
-#pragma unroll
-          for (int t = 0; t < kTcSrcTiles; ++t)
-            if (t < n_tiles8)
-              M::mma(s[t], fq, s_k + (t * 8 + g) * KS, k0, q4);
-        } else {
-          mma_nk_pairs<T>(s, fq.hi, n_tiles8, s_k, KS, k0, lane);
+        for (int t = 0; t < kTcSrcTiles; ++t)
+          s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
+#pragma unroll kUnrollK
+        for (int k0 = 0; k0 < DH; k0 += kK) {
+          const typename M::A fq = M::load_a(qa, qb, k0, q4);
+          if constexpr (kTf32)
+            mma_nk_pairs_tf32(s, fq, n_tiles8, s_k, KS, k0, lane);
+          else
+            mma_nk_pairs<T>(s, fq.hi, n_tiles8, s_k, KS, k0, lane);
         }
-      }
-      // ---- mask, row max (rows g and g + 8: a quad holds a row)
-      const unsigned char* ca = s_cnt + (r0 + g) * kTcCntStride;
-      const unsigned char* cb = ca + 8 * kTcCntStride;
-      float m_a = -INFINITY, m_b = -INFINITY;
+        // ---- mask, row max (rows g and g + 8: a quad holds a row)
+        const unsigned char* ca = s_cnt + (r0 + g) * kTcCntStride;
+        const unsigned char* cb = ca + 8 * kTcCntStride;
 #pragma unroll
-      for (int t = 0; t < kTcSrcTiles; ++t) {
-        unsigned cnt[4] = {0u, 0u, 0u, 0u};
-        if (t < n_tiles8) {
-          if constexpr (kTf32) {
+        for (int t = 0; t < kTcSrcTiles; ++t) {
+          unsigned cnt[4] = {0u, 0u, 0u, 0u};
+          if (t < n_tiles8) {
+            if constexpr (kTf32) {
 #pragma unroll
-            for (int i = 0; i < 4; ++i)
-              cnt[i] = (i < 2 ? ca : cb)[t * 8 + M::column(q4, i)];
-          } else {  // columns 2 q4, + 1: one 2-byte read per row
-            const unsigned wa = *reinterpret_cast<const uint16_t*>(
-                ca + t * 8 + 2 * q4);
-            const unsigned wb = *reinterpret_cast<const uint16_t*>(
-                cb + t * 8 + 2 * q4);
-            cnt[0] = wa & 255u, cnt[1] = wa >> 8;
-            cnt[2] = wb & 255u, cnt[3] = wb >> 8;
+              for (int i = 0; i < 4; ++i)
+                cnt[i] = (i < 2 ? ca : cb)[t * 8 + M::column(q4, i)];
+            } else {  // columns 2 q4, + 1: one 2-byte read per row
+              const unsigned wa = *reinterpret_cast<const uint16_t*>(
+                  ca + t * 8 + 2 * q4);
+              const unsigned wb = *reinterpret_cast<const uint16_t*>(
+                  cb + t * 8 + 2 * q4);
+              cnt[0] = wa & 255u, cnt[1] = wa >> 8;
+              cnt[2] = wb & 255u, cnt[3] = wb >> 8;
+            }
           }
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            if (!(i < 2 ? ok_a : ok_b)) cnt[i] = 0u;
+            s[t][i] = cnt[i] > 0 ? s[t][i] * a.scale : -INFINITY;
+            // a repeated edge: cnt exp(s - m) = exp(s + log cnt - m) (the
+            // max and lse move with it; softmax and lse stay those of the
+            // counts)
+            if (multi && cnt[i] > 1u) s[t][i] += logf((float)cnt[i]);
+          }
+          m_a = fmaxf(m_a, fmaxf(s[t][0], s[t][1]));
+          m_b = fmaxf(m_b, fmaxf(s[t][2], s[t][3]));
         }
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          if (!(i < 2 ? ok_a : ok_b)) cnt[i] = 0u;
-          s[t][i] = cnt[i] > 0 ? s[t][i] * a.scale : -INFINITY;
-          // a repeated edge: cnt exp(s - m) = exp(s + log cnt - m) (the max
-          // and lse move with it; softmax and lse stay those of the counts)
-          if (multi && cnt[i] > 1u) s[t][i] += logf((float)cnt[i]);
+        for (int o = 1; o <= 2; o <<= 1) {
+          m_a = fmaxf(m_a, __shfl_xor_sync(kFullMask, m_a, o));
+          m_b = fmaxf(m_b, __shfl_xor_sync(kFullMask, m_b, o));
         }
-        m_a = fmaxf(m_a, fmaxf(s[t][0], s[t][1]));
-        m_b = fmaxf(m_b, fmaxf(s[t][2], s[t][3]));
-      }
+        // ---- p = exp(s - m) (0 where masked; empty rows: all 0)
 #pragma unroll
-      for (int o = 1; o <= 2; o <<= 1) {
-        m_a = fmaxf(m_a, __shfl_xor_sync(kFullMask, m_a, o));
-        m_b = fmaxf(m_b, __shfl_xor_sync(kFullMask, m_b, o));
-      }
-      // ---- p = exp(s - m) (0 where masked; empty rows: all 0)
-      float l_a = 0.f, l_b = 0.f;
+        for (int t = 0; t < kTcSrcTiles; ++t) {
 #pragma unroll
-      for (int t = 0; t < kTcSrcTiles; ++t) {
+          for (int i = 0; i < 4; ++i)
+            s[t][i] = s[t][i] != -INFINITY
+                          ? expf(s[t][i] - (i < 2 ? m_a : m_b))
+                          : 0.f;
+          l_a += s[t][0] + s[t][1];
+          l_b += s[t][2] + s[t][3];
+        }
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-          s[t][i] = s[t][i] != -INFINITY
-                        ? expf(s[t][i] - (i < 2 ? m_a : m_b))
-                        : 0.f;
-        l_a += s[t][0] + s[t][1];
-        l_b += s[t][2] + s[t][3];
+        for (int o = 1; o <= 2; o <<= 1) {
+          l_a += __shfl_xor_sync(kFullMask, l_a, o);
+          l_b += __shfl_xor_sync(kFullMask, l_b, o);
+        }
       }
-#pragma unroll
-      for (int o = 1; o <= 2; o <<= 1) {
-        l_a += __shfl_xor_sync(kFullMask, l_a, o);
-        l_b += __shfl_xor_sync(kFullMask, l_b, o);
+      if constexpr (kShareKV) {  // V into K's buffer once every warp has S
+        __syncthreads();
+        stage_v(h);
+        cp_async_wait_all();
+        __syncthreads();
       }
+      if (!active) continue;
       const float inv_a = 1.f / (l_a + 1e-16f), inv_b = 1.f / (l_b + 1e-16f);
       // ---- out = P V / l (features nt * 8 + 2 q4, + 1)
       auto store = [&](int nt, const float (&o)[4]) {
@@ -232,10 +256,8 @@ __global__ void __launch_bounds__(kTcThreads, tc_fwd_min_blocks<T>())
         if (ok_a) store_vec<T, 2>(a.out + row_a * HD + f, va);
         if (ok_b) store_vec<T, 2>(a.out + row_b * HD + f, vb);
       };
-      // (fp32: P's A fragments are S's accumulators, V staged transposed;
-      // fp16 / bf16: P packed, S's registers free, V from its rows)
-      product_store<T, kTcSrcTiles, kOutTiles>(s, n_tiles8, s_v, KS, s_v, VS,
-                                               lane, store);
+      product_rows_store<T, kTcSrcTiles, kOutTiles>(s, n_tiles8, s_v, VS,
+                                                    lane, store);
       if (q4 == 0) {
         if (ok_a)
           a.lse[row_a * H + h] =

@@ -64,22 +64,24 @@ __device__ __forceinline__ void mma_16816<at::BFloat16>(
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// fp32 as tf32 (round to nearest; the low 13 mantissa bits cleared).
-__device__ __forceinline__ uint32_t to_tf32(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-  return r;
-}
-// x = hi + lo, both tf32.
+// x = hi + lo as tf32 operands: the tensor cores read a tf32 operand's top
+// 19 bits (sign, exponent, 10 mantissa bits; the rest ignored, i.e.
+// truncated -- as nvcc's own lowering of cvt.rna.tf32 relies on), so hi is
+// x as it is and lo = x - trunc(x), exact in fp32; the mma truncates lo in
+// turn. a b = lo_a hi_b + hi_a lo_b + hi_a hi_b then misses lo lo and lo's
+// truncation, each < 2^-20 |a b|. Two instructions per operand (cvt.rna
+// twice took eight: it is emulated with an infinity check).
 __device__ __forceinline__ void split_tf32(float x, uint32_t& hi,
                                            uint32_t& lo) {
-  hi = to_tf32(x);
-  lo = to_tf32(x - __uint_as_float(hi));
+  hi = __float_as_uint(x);
+  lo = __float_as_uint(x - __uint_as_float(hi & 0xffffe000u));
 }
+// (not volatile: no side effects, so that the scheduler interleaves the
+// products of independent accumulators)
 __device__ __forceinline__ void mma_1688_tf32(float (&d)[4],
                                               const uint32_t (&a)[4],
                                               uint32_t b0, uint32_t b1) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
       "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -159,19 +161,20 @@ __device__ __forceinline__ void tc_stage_rows(const T* __restrict__ x,
   }
 }
 
-// Rows [0, n_pad) of X as NK rows (fp32: permuted within 8-tiles), zeros
-// past n, by cp.async: every copy of the block in flight at once (the
-// caller waits with cp_async_wait_all and a barrier). x 16-byte aligned.
-template <typename T, int DH, int kThreads>
+// Rows [0, n_pad) of X as rows `nk` (kPermute: permuted within 8-tiles,
+// fp32's NK rows; else in true order), zeros past n, by cp.async: every copy
+// of the block in flight at once (the caller waits with cp_async_wait_all
+// and a barrier). x 16-byte aligned.
+template <typename T, int DH, int kThreads,
+          bool kPermute = std::is_same<T, float>::value>
 __device__ __forceinline__ void tc_stage_rows_async(
     const T* __restrict__ x, int64_t base, int64_t ld, int n, int n_pad, T* nk,
     int ns, int tid) {
-  constexpr bool kTf32 = std::is_same<T, float>::value;
   constexpr int kVec = (int)(16 / sizeof(T)), kChunks = DH / kVec;
   for (int i = tid; i < n_pad * kChunks; i += kThreads) {
     const int j = i / kChunks, d0 = (i % kChunks) * kVec;
     const bool ok = j < n;
-    cp_async_16(nk + (kTf32 ? tc_staged_row(j) : j) * ns + d0,
+    cp_async_16(nk + (kPermute ? tc_staged_row(j) : j) * ns + d0,
                 x + (base + (ok ? j : 0)) * ld + d0, ok ? 16 : 0);
   }
 }
@@ -338,13 +341,131 @@ struct MmaTile {
   }
 };
 
+// ------------------------------------------------------------ fp32 rows
+// 3xTF32 products on operand rows as staged (the forward's fp32 path).
+
+// d[t0 + i] += a b[i] for kN m16n8k8 tiles (B's halves split here; a's
+// given): the three products of a tile apart, so that consecutive mma write
+// different accumulators.
+template <int kN, int kTiles>
+__device__ __forceinline__ void mma_3xtf32(float (&d)[kTiles][4], int t0,
+                                           const uint32_t (&ah)[4],
+                                           const uint32_t (&al)[4],
+                                           const float (&b)[kN][2]) {
+  uint32_t bh[kN][2], bl[kN][2];
+#pragma unroll
+  for (int i = 0; i < kN; ++i) {
+    split_tf32(b[i][0], bh[i][0], bl[i][0]);
+    split_tf32(b[i][1], bh[i][1], bl[i][1]);
+  }
+#pragma unroll
+  for (int i = 0; i < kN; ++i) mma_1688_tf32(d[t0 + i], al, bh[i][0], bh[i][1]);
+#pragma unroll
+  for (int i = 0; i < kN; ++i) mma_1688_tf32(d[t0 + i], ah, bl[i][0], bl[i][1]);
+#pragma unroll
+  for (int i = 0; i < kN; ++i) mma_1688_tf32(d[t0 + i], ah, bh[i][0], bh[i][1]);
+}
+
+// d[t], d[t + 1] += a B for the used tile pairs of fp32 NK rows (permuted
+// within 8-tiles, tc_staged_row; k-step k0): ldmatrix's 8 x 8 b16 matrix is
+// 8 rows x 4 words, lane l getting row l / 4, word l % 4 -- B's (column g,
+// k q) of m16n8k8 -- so that matrices (tile t + m / 2, k half m % 2) are
+// b0, b1 of both tiles, one ldmatrix per pair (a row stride of 4 mod 32
+// words puts a matrix's 8 rows in distinct banks).
+template <int kTiles>
+__device__ __forceinline__ void mma_nk_pairs_tf32(
+    float (&d)[kTiles][4], const typename MmaTile<float>::A& a, int n_tiles,
+    const float* nk, int ns, int k0, int lane) {
+  const int m4 = lane / 8, r8 = lane % 8;
+  // (one address, the pairs at constant offsets from it: per-pair addresses
+  // kept in registers spilled at D = 64)
+  const float* base = nk + ((m4 / 2) * 8 + r8) * ns + k0 + 4 * (m4 % 2);
+#pragma unroll
+  for (int t = 0; t < kTiles; t += 2)
+    if (t < n_tiles) {
+      uint32_t r[4];
+      ldmatrix_x4(r, base + t * 8 * ns);
+      const float b[2][2] = {{__uint_as_float(r[0]), __uint_as_float(r[1])},
+                             {__uint_as_float(r[2]), __uint_as_float(r[3])}};
+      mma_3xtf32<2>(d, t, a.hi, a.lo, b);
+    }
+}
+
+// acc = x B over the used 8-tiles of k (k_tiles; x: accumulator tiles
+// reused as A fragments, acc_to_a: their columns follow the permuted NK rows
+// that made them) for n-tiles n0 .. n0 + kOut, B[k][n] at rows[k * ns + n]
+// in true order (V's rows as staged): b0, b1 are two scalar reads, in
+// distinct banks for a row stride of 8 mod 32 words.
+template <int kTiles, int kOut>
+__device__ __forceinline__ void product_rows_tf32(float (&acc)[kOut][4],
+                                                  const float (&x)[kTiles][4],
+                                                  int k_tiles,
+                                                  const float* rows, int ns,
+                                                  int n0, int lane) {
+  const int g = lane / 4, q = lane % 4;
+#pragma unroll
+  for (int nt = 0; nt < kOut; ++nt)
+    acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t)
+    if (t < k_tiles) {
+      // x's halves (as acc_to_a), split here for every part: the compiler
+      // hoisted the split of all of x out of the caller's loop over parts,
+      // 64 more registers, spilled (the volatile mask keeps it here)
+      typename MmaTile<float>::A fa;
+      const float xa[4] = {x[t][0], x[t][2], x[t][1], x[t][3]};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        uint32_t trunc;
+        asm volatile("and.b32 %0, %1, 0xffffe000;"
+                     : "=r"(trunc) : "r"(__float_as_uint(xa[i])));
+        fa.hi[i] = __float_as_uint(xa[i]);
+        fa.lo[i] = __float_as_uint(xa[i] - __uint_as_float(trunc));
+      }
+      const float* r = rows + (t * 8 + q) * ns + n0 * 8 + g;
+      float b[kOut][2];
+#pragma unroll
+      for (int nt = 0; nt < kOut; ++nt)
+        b[nt][0] = r[nt * 8], b[nt][1] = r[4 * ns + nt * 8];
+      mma_3xtf32<kOut>(acc, 0, fa.hi, fa.lo, b);
+    }
+}
+
 // out = x B over the used 8-tiles of k (x: accumulator tiles reused as A
-// fragments: P for P V, dS / P in the backward's products), handed to
-// store(nt, acc) per n-tile of the [16 x 8 kOut] result. fp32 (3xTF32): B
-// from transposed rows t ([n][k], stride ts; MmaTile::product); fp16 /
-// bf16: x packed per 16-wide k-step, B from the operand rows `rows` ([k][n],
-// stride ns; product_rows) in parts of at most 8 n-tiles, so that the
-// result takes 32 registers at a time.
+// fragments: P for P V, dS / P in the backward's products), B[k][n] from
+// the operand rows `rows` (stride ns) as staged, handed to store(nt, acc)
+// per n-tile of the [16 x 8 kOut] result, in parts of at most 8 n-tiles
+// (32 result registers at a time). fp16 / bf16: x packed per 16-wide
+// k-step, ldmatrix.trans (product_rows); fp32: 3xTF32 (product_rows_tf32).
+template <typename T, int kTiles, int kOut, typename Store>
+__device__ __forceinline__ void product_rows_store(
+    const float (&x)[kTiles][4], int k_tiles, const T* rows, int ns, int lane,
+    Store store) {
+  constexpr int kPartMax = MmaTile<T>::kTf32 ? 4 : 8;
+  constexpr int kPart = kOut < kPartMax ? kOut : kPartMax;
+  if constexpr (MmaTile<T>::kTf32) {
+#pragma unroll 1  // (code size: a part is ~1,000 instructions)
+    for (int part = 0; part < kOut; part += kPart) {
+      float acc[kPart][4];
+      product_rows_tf32<kTiles, kPart>(acc, x, k_tiles, rows, ns, part, lane);
+#pragma unroll
+      for (int nt = 0; nt < kPart; ++nt) store(part + nt, acc[nt]);
+    }
+  } else {
+    uint32_t pa[kTiles / 2][4];
+    pack_a_steps<T>(pa, x);
+#pragma unroll
+    for (int part = 0; part < kOut; part += kPart) {
+      float acc[kPart][4];
+      product_rows<T>(acc, pa, k_tiles * 8, rows, ns, part, lane);
+#pragma unroll
+      for (int nt = 0; nt < kPart; ++nt) store(part + nt, acc[nt]);
+    }
+  }
+}
+
+// As product_rows_store, but fp32 (the backward's 3xTF32 layout) takes B
+// from transposed rows t ([n][k], stride ts; MmaTile::product).
 template <typename T, int kTiles, int kOut, typename Store>
 __device__ __forceinline__ void product_store(const float (&x)[kTiles][4],
                                               int k_tiles, const T* rows,
@@ -356,16 +477,7 @@ __device__ __forceinline__ void product_store(const float (&x)[kTiles][4],
 #pragma unroll
     for (int nt = 0; nt < kOut; ++nt) store(nt, acc[nt]);
   } else {
-    constexpr int kPart = kOut < 8 ? kOut : 8;
-    uint32_t pa[kTiles / 2][4];
-    pack_a_steps<T>(pa, x);
-#pragma unroll
-    for (int part = 0; part < kOut; part += kPart) {
-      float acc[kPart][4];
-      product_rows<T>(acc, pa, k_tiles * 8, rows, ns, part, lane);
-#pragma unroll
-      for (int nt = 0; nt < kPart; ++nt) store(part + nt, acc[nt]);
-    }
+    product_rows_store<T, kTiles, kOut>(x, k_tiles, rows, ns, lane, store);
   }
 }
 
