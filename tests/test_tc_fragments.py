@@ -17,13 +17,14 @@ def test_tc_fragment_bookkeeping():
     mod.main()
 
 
-def test_tc_auto_plan_on_dense_half_precision_dot_only():
+def test_tc_auto_plan_on_dense_dot_only():
     """The tensor-core windows picked without being asked (ops/cuda.py,
-    shapes and host bounds only): fp16 / bf16 'dot' with D = F the TC
-    kernels take, multiplicities within a byte; TC forward (3) from
+    shapes and host bounds only): 'dot' with D = F the TC kernels take,
+    multiplicities within a byte. fp16 / bf16: TC forward (3) from
     TC_FWD_MIN_MEAN_DEGREE[D], with the TC backward (2) where that pays
     too (TC_BWD_MIN_MEAN_DEGREE); SMMF forward + TC backward (4) where only
-    the backward pays, else none."""
+    the backward pays, else none. fp32: TC forward (3) from
+    TC_FWD_MIN_MEAN_DEGREE_FP32[D], never the TC backward."""
     import torch
     from pyg_dfgnn.graph import DFGraph
     from pyg_dfgnn.ops import cuda
@@ -65,7 +66,18 @@ def test_tc_auto_plan_on_dense_half_precision_dot_only():
         assert sid(fwd_dense, *qv(dtype, 32, 64)) is None
         assert sid(fwd_dense, *qv(dtype, 24, 24)) is None
         assert sid(fwd_dense, *qv(dtype), kind='add') is None
+    # fp32 (3xTF32): the TC forward from its own thresholds, with the rows /
+    # cols passes behind it (no TC backward unasked)
+    t_fp32 = cuda.TC_FWD_MIN_MEAN_DEGREE_FP32[32]
+    assert t_fp32 > t_bwd
     assert sid(fwd_dense, *qv(torch.float32)) is None
+    fp32_dense = graph(64, t_fp32)
+    assert sid(fp32_dense, *qv(torch.float32)) == 3
+    assert sid(fp32_dense, *qv(torch.float32), backward=False) == 3
+    assert sid(graph(64, t_fp32 - 1), *qv(torch.float32),
+               backward=False) is None
+    assert sid(fp32_dense, *qv(torch.float32), kind='add') is None
+    assert sid(fp32_dense, *qv(torch.float64)) is None
     # in-degree 300: a multiplicity could pass a byte
     assert sid(graph(64, cuda.TC_MAX_DEGREE + 45), *qv(torch.bfloat16)) \
         is None

@@ -258,23 +258,29 @@ def test_smmf_forward_tc_backward_is_picked_and_matches(dtype):
     assert cuda._plan(sparse, 'dot', q, v, None, backward=True)[0] == 0
 
 
-@pytest.mark.parametrize('dtype', (torch.float16, torch.bfloat16))
+@pytest.mark.parametrize('dtype', DTYPES)
 @pytest.mark.parametrize('dh', (32, 128))
 def test_tc_forward_is_picked_where_dense_and_matches(dtype, dh):
     """Without a strategy, a fp16 / bf16 'dot' batch dense enough for both
     TC passes (TC_FWD_MIN_MEAN_DEGREE[D], TC_BWD_MIN_MEAN_DEGREE) runs the
-    TC forward too (strategy 2; 3 without a backward), with the
-    reference's outputs and gradients; one below that keeps what still
-    pays (ops/cuda.py::_tc_auto_plan)."""
+    TC forward too (strategy 2; 3 without a backward), a fp32 one from
+    TC_FWD_MIN_MEAN_DEGREE_FP32[D] the TC forward with the rows / cols
+    passes after it (3 either way), with the reference's outputs and
+    gradients; one below that keeps what still pays
+    (ops/cuda.py::_tc_auto_plan)."""
     cuda = _cuda()
     g = torch.Generator().manual_seed(11)
-    t_fwd, t_bwd = cuda.TC_FWD_MIN_MEAN_DEGREE[dh], cuda.TC_BWD_MIN_MEAN_DEGREE
-    need = max(t_fwd, t_bwd)
+    fp32 = dtype == torch.float32
+    t_fwd = (cuda.TC_FWD_MIN_MEAN_DEGREE_FP32 if fp32 else
+             cuda.TC_FWD_MIN_MEAN_DEGREE)[dh]
+    t_bwd = 1 << 30 if fp32 else cuda.TC_BWD_MIN_MEAN_DEGREE
+    need = t_fwd if fp32 else max(t_fwd, t_bwd)
     heads = 128 // dh
     ei, n = dense_batch([100, 37, 128, 1, 90], need, g)
     graph = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
     q, k, v = inputs(n, heads, dh, dtype, g)
-    assert cuda._plan(graph, 'dot', q, v, None, backward=True)[0] == 2
+    assert cuda._plan(graph, 'dot', q, v, None, backward=True)[0] == (
+        3 if fp32 else 2)
     assert cuda._plan(graph, 'dot', q, v, None, backward=False)[0] == 3
     assert cuda._plan(graph, 'dot', q, v, None, backward=False,
                       features=True)[0] == 0

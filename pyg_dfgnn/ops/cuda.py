@@ -30,7 +30,8 @@ KIND_IDS = {'dot': 0, 'add': 1, 'gatv2': 2}
 #: Tensor-core windows (kernels/fwd_tc_kernel.cuh, bwd_tc_kernel.cuh) of at
 #: most TC_MAX_SOURCES sources. Strategy ids: 3 = TC forward, 2 = TC forward
 #: and backward, 4 = SMMF forward and TC backward; asked for as 'tc' (3 / 2)
-#: or picked for dense fp16 / bf16 graphs without being asked (_tc_dense).
+#: or picked for dense graphs without being asked (_tc_auto_plan; fp32: the
+#: forward only).
 TC = 'tc'
 TC_MAX_SOURCES = 128
 TC_HEAD_DIMS = (16, 32, 64, 128)
@@ -51,6 +52,15 @@ TC_BWD_MIN_MEAN_DEGREE = 24
 #: 1.14x faster at 1x128 / 2x64 / 4x32 / 8x16; cluster-like, 32: 2.7x at
 #: 1x128, 0.90x at 8x16; mnist-like, 7.6: 0.83x at 1x128).
 TC_FWD_MIN_MEAN_DEGREE = {16: 38, 32: 22, 64: 14, 128: 12}
+#: The same for fp32 (3xTF32). H100, session 25 (two blocks per SM): TC ~2.2
+#: ns per row at D = 128, ~2.4 at 64, ~2.7 at 32; SMMF ~0.08-0.09 ns per
+#: edge: break-even near 27, 30 and 31 (pattern-like, mean degree 42: TC
+#: 1.49x / 1.40x / 1.35x faster at 1x128 / 2x64 / 4x32, on par at 8x16;
+#: cluster-like, 32: 1.20x at 1x128, 0.80x at 8x16; mnist-like, 7.6: 0.55x).
+#: fp32 takes no TC backward unasked (its 3xTF32 backward is slower than the
+#: rows / cols passes), so a TC forward has them behind it: pattern-like
+#: 1x128 forward + backward 1.27 against SMMF's 1.42 ms.
+TC_FWD_MIN_MEAN_DEGREE_FP32 = {16: 64, 32: 32, 64: 30, 128: 28}
 _TC_HALF_DTYPES = (torch.float16, torch.bfloat16)
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _registered = False
@@ -293,33 +303,40 @@ Plan = Tuple[int, int, Optional[Tensor], int, Optional[Tensor], int, int]
 
 def _tc_dense(graph, kind: str, query: Tensor, value: Tensor,
               min_mean_degree: int) -> bool:
-    """Whether the tensor-core windows pay without being asked for: fp16 /
-    bf16 'dot' with D = F the TC kernels take, mean in-degree at least
+    """Whether the tensor-core windows pay without being asked for: 'dot'
+    with D = F the TC kernels take, mean in-degree at least
     ``min_mean_degree``, multiplicities within a byte. Shapes and host-known
     bounds only (no sync)."""
-    return (_tc_takes(kind, query, value) and value.dtype in _TC_HALF_DTYPES
-            and graph.num_dst > 0 and graph.max_in_degree <= TC_MAX_DEGREE
+    return (_tc_takes(kind, query, value) and graph.num_dst > 0
+            and graph.max_in_degree <= TC_MAX_DEGREE
             and graph.num_edges >= min_mean_degree * graph.num_dst)
 
 
 def _tc_auto_plan(graph, kind: str, query: Tensor, value: Tensor,
                   backward: bool) -> Optional[Tuple[int, Tensor, int]]:
     """``(strategy id, windows, stage_nodes)`` of the tensor-core windows
-    for a dense fp16 / bf16 graph asked for no strategy: TC forward (3; 2
-    with the TC backward), or SMMF forward on the TC windows and TC backward
-    (4) where only the backward pays; ``None``: SMMF / PMF."""
+    for a dense graph asked for no strategy: TC forward (3; 2 with the TC
+    backward), or SMMF forward on the TC windows and TC backward (4) where
+    only the backward pays; ``None``: SMMF / PMF. fp16 / bf16 take both TC
+    passes; fp32 the TC forward only (TC_FWD_MIN_MEAN_DEGREE_FP32), the rows
+    / cols passes after it."""
+    half = value.dtype in _TC_HALF_DTYPES
+    if not half and value.dtype != torch.float32:
+        return None
+    thresholds = TC_FWD_MIN_MEAN_DEGREE if half else \
+        TC_FWD_MIN_MEAN_DEGREE_FP32
     fwd_pays = _tc_dense(graph, kind, query, value,
-                         TC_FWD_MIN_MEAN_DEGREE.get(value.shape[2], 1 << 30))
-    bwd_pays = backward and _tc_dense(graph, kind, query, value,
-                                      TC_BWD_MIN_MEAN_DEGREE)
+                         thresholds.get(value.shape[2], 1 << 30))
+    bwd_pays = backward and half and _tc_dense(graph, kind, query, value,
+                                               TC_BWD_MIN_MEAN_DEGREE)
     if not (fwd_pays or bwd_pays):
         return None
     windows, span = graph.graph_row_windows(TC_MAX_SOURCES)
     if windows is None:
         return None
-    bwd_ok = bwd_pays and _tc_backward_ok(graph, windows, kind, query, value)
-    if fwd_pays and not backward:
+    if fwd_pays and not (backward and half):
         return 3, windows, span
+    bwd_ok = bwd_pays and _tc_backward_ok(graph, windows, kind, query, value)
     if bwd_ok:
         # (a TC forward whose backward cannot take the windows is not
         # measured: SMMF then)
