@@ -45,6 +45,8 @@ CASES = [
     ('dot', torch.bfloat16, 'tc', 'batch', 3, 32, 32, None),
     ('dot', torch.float16, 'tc', 'batch', 1, 128, 128, None),
     ('dot', torch.float32, 'tc', 'batch', 2, 64, 64, None),
+    # fp32 at D = 128: K and V of a head in turn in one buffer
+    ('dot', torch.float32, 'tc', 'batch', 1, 128, 128, None),
 ]
 
 # SMMF's short-row kernel (fwd_rows_kernel.cuh), forced on small graphs
