@@ -6,6 +6,8 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <type_traits>
+
 #include "dispatch.cuh"
 #include "fwd_alpha_kernel.cuh"
 #include "fwd_common.cuh"
@@ -42,6 +44,7 @@ struct Launch {
   int64_t stage_span;  // SMMF: source rows staged per window (0: none)
   bool vec;
   double scale, negative_slope;
+  bool one_tf32 = false;  // TC, fp32: 1xTF32 products (strategy 5, opt-in)
 };
 
 template <typename Kernel>
@@ -285,15 +288,25 @@ void run_tc(const Launch& L) {
         a, L.windows.data_ptr<int64_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
-  switch (L.D) {
-    case 16: go(tc_fwd_kernel<scalar_t, 16>, 16); break;
-    case 32: go(tc_fwd_kernel<scalar_t, 32>, 32); break;
-    case 64: go(tc_fwd_kernel<scalar_t, 64>, 64); break;
-    case 128: go(tc_fwd_kernel<scalar_t, 128>, 128); break;
-    default:
-      TORCH_CHECK(false, "fused_attention_fwd: tensor-core windows take "
-                  "D = F in {16, 32, 64, 128} (got ", L.D, ")");
+  auto by_d = [&](auto one_tf32) {
+    constexpr bool k1 = decltype(one_tf32)::value;
+    switch (L.D) {
+      case 16: go(tc_fwd_kernel<scalar_t, 16, k1>, 16); break;
+      case 32: go(tc_fwd_kernel<scalar_t, 32, k1>, 32); break;
+      case 64: go(tc_fwd_kernel<scalar_t, 64, k1>, 64); break;
+      case 128: go(tc_fwd_kernel<scalar_t, 128, k1>, 128); break;
+      default:
+        TORCH_CHECK(false, "fused_attention_fwd: tensor-core windows take "
+                    "D = F in {16, 32, 64, 128} (got ", L.D, ")");
+    }
+  };
+  if constexpr (std::is_same<scalar_t, float>::value) {
+    if (L.one_tf32) {
+      by_d(std::true_type{});
+      return;
+    }
   }
+  by_d(std::false_type{});
 }
 
 }  // namespace fwd

@@ -87,10 +87,14 @@ __host__ __device__ inline TcLayout tc_layout(int DH, size_t elem) {
 }
 
 // One window per block: rows windows[b] .. windows[b + 1]; DH = D = F.
-template <typename T, int DH>
+// kOneTf32 (fp32 only, opt-in): one TF32 product per tile instead of three
+// (operands rounded to tf32: ~1e-3 relative error, PyTorch's allow_tf32).
+template <typename T, int DH, bool kOneTf32 = false>
 __global__ void __launch_bounds__(kTcThreads, kTcMinBlocks)
     tc_fwd_kernel(FwdArgs<T, int32_t> a, const int64_t* __restrict__ windows) {
   static_assert(DH % 16 == 0 && DH <= 128, "DH: 16, 32, 64 or 128");
+  static_assert(!kOneTf32 || std::is_same<T, float>::value,
+                "1xTF32: fp32 inputs");
   using M = MmaTile<T>;
   constexpr bool kTf32 = M::kTf32;
   constexpr int kK = M::kK;
@@ -182,7 +186,7 @@ __global__ void __launch_bounds__(kTcThreads, kTcMinBlocks)
         for (int k0 = 0; k0 < DH; k0 += kK) {
           const typename M::A fq = M::load_a(qa, qb, k0, q4);
           if constexpr (kTf32)
-            mma_nk_pairs_tf32(s, fq, n_tiles8, s_k, KS, k0, lane);
+            mma_nk_pairs_tf32<!kOneTf32>(s, fq, n_tiles8, s_k, KS, k0, lane);
           else
             mma_nk_pairs<T>(s, fq.hi, n_tiles8, s_k, KS, k0, lane);
         }
@@ -256,8 +260,8 @@ __global__ void __launch_bounds__(kTcThreads, kTcMinBlocks)
         if (ok_a) store_vec<T, 2>(a.out + row_a * HD + f, va);
         if (ok_b) store_vec<T, 2>(a.out + row_b * HD + f, vb);
       };
-      product_rows_store<T, kTcSrcTiles, kOutTiles>(s, n_tiles8, s_v, VS,
-                                                    lane, store);
+      product_rows_store<T, kTcSrcTiles, kOutTiles, kOneTf32>(
+          s, n_tiles8, s_v, VS, lane, store);
       if (q4 == 0) {
         if (ok_a)
           a.lse[row_a * H + h] =

@@ -344,14 +344,29 @@ struct MmaTile {
 // ------------------------------------------------------------ fp32 rows
 // 3xTF32 products on operand rows as staged (the forward's fp32 path).
 
-// d[t0 + i] += a b[i] for kN m16n8k8 tiles (B's halves split here; a's
-// given): the three products of a tile apart, so that consecutive mma write
-// different accumulators.
-template <int kN, int kTiles>
-__device__ __forceinline__ void mma_3xtf32(float (&d)[kTiles][4], int t0,
-                                           const uint32_t (&ah)[4],
-                                           const uint32_t (&al)[4],
-                                           const float (&b)[kN][2]) {
+// fp32 as one tf32 operand rounded to nearest (half away from zero): the
+// mma truncates, so a half ulp added first rounds (one instruction; the
+// opt-in 1xTF32 products).
+__device__ __forceinline__ uint32_t round_tf32(uint32_t x) {
+  return x + 0x1000u;
+}
+
+// d[t0 + i] += a b[i] for kN m16n8k8 tiles. k3 (3xTF32): B's halves split
+// here, a's given (ah, al), the three products of a tile apart so that
+// consecutive mma write different accumulators; else (1xTF32, opt-in) one
+// product of ah (rounded by the caller) and b rounded here.
+template <int kN, bool k3, int kTiles>
+__device__ __forceinline__ void mma_tf32_tiles(float (&d)[kTiles][4], int t0,
+                                               const uint32_t (&ah)[4],
+                                               const uint32_t (&al)[4],
+                                               const float (&b)[kN][2]) {
+  if constexpr (!k3) {
+#pragma unroll
+    for (int i = 0; i < kN; ++i)
+      mma_1688_tf32(d[t0 + i], ah, round_tf32(__float_as_uint(b[i][0])),
+                    round_tf32(__float_as_uint(b[i][1])));
+    return;
+  }
   uint32_t bh[kN][2], bl[kN][2];
 #pragma unroll
   for (int i = 0; i < kN; ++i) {
@@ -371,12 +386,16 @@ __device__ __forceinline__ void mma_3xtf32(float (&d)[kTiles][4], int t0,
 // 8 rows x 4 words, lane l getting row l / 4, word l % 4 -- B's (column g,
 // k q) of m16n8k8 -- so that matrices (tile t + m / 2, k half m % 2) are
 // b0, b1 of both tiles, one ldmatrix per pair (a row stride of 4 mod 32
-// words puts a matrix's 8 rows in distinct banks).
-template <int kTiles>
+// words puts a matrix's 8 rows in distinct banks). k3: 3xTF32 (a split as
+// MmaTile::load_a gives it), else 1xTF32.
+template <bool k3, int kTiles>
 __device__ __forceinline__ void mma_nk_pairs_tf32(
     float (&d)[kTiles][4], const typename MmaTile<float>::A& a, int n_tiles,
     const float* nk, int ns, int k0, int lane) {
   const int m4 = lane / 8, r8 = lane % 8;
+  uint32_t ah[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) ah[i] = k3 ? a.hi[i] : round_tf32(a.hi[i]);
   // (one address, the pairs at constant offsets from it: per-pair addresses
   // kept in registers spilled at D = 64)
   const float* base = nk + ((m4 / 2) * 8 + r8) * ns + k0 + 4 * (m4 % 2);
@@ -387,7 +406,7 @@ __device__ __forceinline__ void mma_nk_pairs_tf32(
       ldmatrix_x4(r, base + t * 8 * ns);
       const float b[2][2] = {{__uint_as_float(r[0]), __uint_as_float(r[1])},
                              {__uint_as_float(r[2]), __uint_as_float(r[3])}};
-      mma_3xtf32<2>(d, t, a.hi, a.lo, b);
+      mma_tf32_tiles<2, k3>(d, t, ah, a.lo, b);
     }
 }
 
@@ -395,8 +414,9 @@ __device__ __forceinline__ void mma_nk_pairs_tf32(
 // reused as A fragments, acc_to_a: their columns follow the permuted NK rows
 // that made them) for n-tiles n0 .. n0 + kOut, B[k][n] at rows[k * ns + n]
 // in true order (V's rows as staged): b0, b1 are two scalar reads, in
-// distinct banks for a row stride of 8 mod 32 words.
-template <int kTiles, int kOut>
+// distinct banks for a row stride of 8 mod 32 words. k3: 3xTF32, else
+// 1xTF32.
+template <bool k3, int kTiles, int kOut>
 __device__ __forceinline__ void product_rows_tf32(float (&acc)[kOut][4],
                                                   const float (&x)[kTiles][4],
                                                   int k_tiles,
@@ -416,18 +436,22 @@ __device__ __forceinline__ void product_rows_tf32(float (&acc)[kOut][4],
       const float xa[4] = {x[t][0], x[t][2], x[t][1], x[t][3]};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        uint32_t trunc;
-        asm volatile("and.b32 %0, %1, 0xffffe000;"
-                     : "=r"(trunc) : "r"(__float_as_uint(xa[i])));
-        fa.hi[i] = __float_as_uint(xa[i]);
-        fa.lo[i] = __float_as_uint(xa[i] - __uint_as_float(trunc));
+        if constexpr (k3) {
+          uint32_t trunc;
+          asm volatile("and.b32 %0, %1, 0xffffe000;"
+                       : "=r"(trunc) : "r"(__float_as_uint(xa[i])));
+          fa.hi[i] = __float_as_uint(xa[i]);
+          fa.lo[i] = __float_as_uint(xa[i] - __uint_as_float(trunc));
+        } else {
+          fa.hi[i] = round_tf32(__float_as_uint(xa[i]));
+        }
       }
       const float* r = rows + (t * 8 + q) * ns + n0 * 8 + g;
       float b[kOut][2];
 #pragma unroll
       for (int nt = 0; nt < kOut; ++nt)
         b[nt][0] = r[nt * 8], b[nt][1] = r[4 * ns + nt * 8];
-      mma_3xtf32<kOut>(acc, 0, fa.hi, fa.lo, b);
+      mma_tf32_tiles<kOut, k3>(acc, 0, fa.hi, fa.lo, b);
     }
 }
 
@@ -436,8 +460,10 @@ __device__ __forceinline__ void product_rows_tf32(float (&acc)[kOut][4],
 // the operand rows `rows` (stride ns) as staged, handed to store(nt, acc)
 // per n-tile of the [16 x 8 kOut] result, in parts of at most 8 n-tiles
 // (32 result registers at a time). fp16 / bf16: x packed per 16-wide
-// k-step, ldmatrix.trans (product_rows); fp32: 3xTF32 (product_rows_tf32).
-template <typename T, int kTiles, int kOut, typename Store>
+// k-step, ldmatrix.trans (product_rows); fp32: 3xTF32, or 1xTF32 if
+// kOneTf32 (product_rows_tf32).
+template <typename T, int kTiles, int kOut, bool kOneTf32 = false,
+          typename Store>
 __device__ __forceinline__ void product_rows_store(
     const float (&x)[kTiles][4], int k_tiles, const T* rows, int ns, int lane,
     Store store) {
@@ -447,7 +473,8 @@ __device__ __forceinline__ void product_rows_store(
 #pragma unroll 1  // (code size: a part is ~1,000 instructions)
     for (int part = 0; part < kOut; part += kPart) {
       float acc[kPart][4];
-      product_rows_tf32<kTiles, kPart>(acc, x, k_tiles, rows, ns, part, lane);
+      product_rows_tf32<!kOneTf32, kTiles, kPart>(acc, x, k_tiles, rows, ns,
+                                                  part, lane);
 #pragma unroll
       for (int nt = 0; nt < kPart; ++nt) store(part + nt, acc[nt]);
     }

@@ -17,7 +17,9 @@
 //            strategy on to the backward, which takes 2 as its own TC path
 //            and 3 as the rows / cols passes), 4 = SMMF forward and the
 //            backward's TC path (the windows serve both: the TC windows,
-//            whose sources SMMF stages as far as they fit)
+//            whose sources SMMF stages as far as they fit), 5 = 3 with
+//            fp32's products as one TF32 mma each (opt-in: the host asks
+//            for it under torch.backends.cuda.matmul.allow_tf32)
 //   lse     float32 [N_dst, H]: row max + log(row sum + 1e-16); the only thing
 //           the forward saves for the backward (p_ij = exp(s_ij - lse_i)).
 //           Rows without edges: lse = -inf (and out = 0).

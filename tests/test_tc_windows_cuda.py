@@ -110,6 +110,55 @@ def test_tc_complete_graphs(dtype):
     check(cuda, graph, *inputs(n, 4, 16, dtype, gen), dtype, 'complete')
 
 
+@pytest.mark.parametrize('dh', (32, 128))
+def test_tc_fp32_one_tf32_product_under_allow_tf32(dh):
+    """fp32 under torch.backends.cuda.matmul.allow_tf32: the TC forward
+    takes one TF32 product per tile (strategy 5, the rows / cols passes
+    after it): within TF32's error of the reference, and not the 3xTF32
+    result (which is within fp32's); the flag restored, 3xTF32 again."""
+    cuda = _cuda()
+    g = torch.Generator().manual_seed(5)
+    ei, n = dense_batch([100, 37, 128, 1, 90],
+                        cuda.TC_FWD_MIN_MEAN_DEGREE_FP32[dh], g)
+    graph = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
+    value, query, key = inputs(n, 128 // dh, dh, torch.float32, g)
+    scale = 1.0 / math.sqrt(dh)
+    ref_leaves = [t.detach().double().requires_grad_()
+                  for t in (value, query, key)]
+    ref, _ = fused_attention_reference(graph, 'dot', *ref_leaves, None,
+                                       scale, 0.2)
+    before = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        # asked for without a backward (with one, 'tc' at D <= 64 takes
+        # both TC passes, 3xTF32), and picked unasked with one
+        with torch.no_grad():
+            poison_allocator()
+            out = cuda.fused_attention_cuda(graph, 'dot', value, query, key,
+                                            None, scale, 0.2, strategy='tc')
+        err = rel_err(out, ref)
+        assert 2e-5 < err <= 5e-3, f'1xTF32 rel err {err:.2e} (tc)'
+        poison_allocator()
+        out = cuda.fused_attention_cuda(graph, 'dot', value, query, key,
+                                        None, scale, 0.2)
+        err = rel_err(out, ref)
+        assert 2e-5 < err <= 5e-3, f'1xTF32 rel err {err:.2e} (auto)'
+        g_out = torch.randn_like(out)
+        grads = torch.autograd.grad(out, (value, query, key), g_out)
+        ref_grads = torch.autograd.grad(ref, ref_leaves, g_out.double())
+        for gv, rg in zip(grads, ref_grads):
+            assert rel_err(gv, rg, floor=1e-2) <= 2e-2
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        out = cuda.fused_attention_cuda(graph, 'dot', value, query, key,
+                                        None, scale, 0.2, strategy='tc')
+        assert rel_err(out, ref) <= TOL_OUT[torch.float32]
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
 def test_tc_window_of_more_rows_than_a_chunk():
     """A 600-row window reading 100 sources: counts are built per chunk of
     kTcMaxRows rows (the window staged again per chunk). owner_windows cuts

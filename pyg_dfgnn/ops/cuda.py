@@ -33,6 +33,10 @@ KIND_IDS = {'dot': 0, 'add': 1, 'gatv2': 2}
 #: or picked for dense graphs without being asked (_tc_auto_plan; fp32: the
 #: forward only).
 TC = 'tc'
+#: Strategy id of the TC forward with 1xTF32 products (fp32, opt-in through
+#: ``torch.backends.cuda.matmul.allow_tf32``; 3 otherwise); the rows / cols
+#: passes after it, as after 3.
+TC_TF32_STRATEGY = 5
 TC_MAX_SOURCES = 128
 TC_HEAD_DIMS = (16, 32, 64, 128)
 #: Edge multiplicities of a window are counted in a byte.
@@ -439,8 +443,9 @@ def fused_attention_cuda(graph, kind: str, value: Tensor, query: Tensor,
     :func:`pyg_dfgnn.ops.check_inputs`). ``strategy`` overrides the SMMF /
     PMF rule (``'smmf'`` or ``'pmf'``; tests use it) or asks for the
     tensor-core windows of the forward (``'tc'``: 'dot', D = F in
-    TC_HEAD_DIMS, no training features, fp32 through 3xTF32; an error
-    otherwise).
+    TC_HEAD_DIMS, no training features, fp32 through 3xTF32 -- or one TF32
+    product under ``torch.backends.cuda.matmul.allow_tf32`` where the rows /
+    cols passes follow; an error otherwise).
 
     ``dropout`` is the active drop probability (0 outside training);
     ``attention`` (``'before_dropout'`` / ``'after_dropout'``) also returns
@@ -475,6 +480,12 @@ def fused_attention_cuda(graph, kind: str, value: Tensor, query: Tensor,
     if strategy == TC:
         _check_tc(kind, query, value, features)
     plan = _plan(graph, kind, query, value, strategy, backward, features)
+    if plan[0] == 3 and value.dtype == torch.float32 and \
+            torch.backends.cuda.matmul.allow_tf32:
+        # the TC forward's products as one TF32 mma each, as PyTorch's
+        # matmuls under the same flag (~1e-3 relative error; 3xTF32
+        # otherwise, about fp32's accuracy)
+        plan = (TC_TF32_STRATEGY, ) + plan[1:]
     colptr = csc_row = csc_perm = None
     if backward:
         colptr, csc_row, csc_perm = graph.csc()
