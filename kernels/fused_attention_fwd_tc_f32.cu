@@ -1,5 +1,5 @@
-// Tensor-core window forward kernels for float (3xTF32; own translation
-// unit: the dtype x strategy units compile in parallel).
+// Tensor-core window forward kernels for float (3xTF32, opt-in 1xTF32;
+// own translation unit: the dtype x strategy units compile in parallel).
 #include "fwd_launch_template.cuh"
 
 namespace pyg_dfgnn {

@@ -2,13 +2,16 @@
 // C[16 x 8] += A[16 x k] B[k x 8] with fp32 accumulators.
 //   fp16 / bf16: mma.m16n8k16, k = 16, operands packed in pairs;
 //   fp32: 3xTF32, mma.m16n8k8, k = 8: each operand split into tf32 hi + lo
-//         halves, a b = lo_a hi_b + hi_a lo_b + hi_a hi_b (lo lo is below
-//         fp32's rounding): about fp32 accuracy at three mma per product.
+//         halves (split_tf32), a b = lo_a hi_b + hi_a lo_b + hi_a hi_b:
+//         about fp32 accuracy at three mma per product (1xTF32, opt-in:
+//         one product of rounded operands).
 // Fragments (g = lane / 4, q = lane % 4): C holds rows (g, g + 8) x columns
 // (2 q, 2 q + 1). A holds rows (g, g + 8) x k (2 q, 2 q + 1, + 8) for k = 16
 // and (q, q + 4) for k = 8; B holds k (same as A's) x column g.
-// Operands live as "NK" rows: element (n, k) of B at base[n * stride + k]
-// (K rows for Q K^T; V^T rows for P V), A as row-major [m][k] rows.
+// B comes from "NK" rows, element (n, k) at base[n * stride + k] (K rows for
+// Q K^T), or from operand rows [k][n] as staged (V for P V: fp16 / bf16 by
+// ldmatrix.trans, fp32 by scalar reads; the fp32 backward stages transposed
+// rows as NK rows instead); A from row-major [m][k] rows.
 //
 // An accumulator tile reused as an A fragment (P from S, dS ...) needs its
 // columns to be A's k-slots: for k = 16 they are (2 q, 2 q + 1) of two
