@@ -122,8 +122,11 @@ __global__ void __launch_bounds__(kTcThreads, kTcMinBlocks)
   const int n_src = block_index_span(a.col, a.rowptr[w_begin],
                                      a.rowptr[w_end], s_lo, src_lo);
   if (n_src > kTcMaxSrc) __trap();  // the host dispatch rules this out
-  // Source 8-tiles in use; staged with zeros up to 16 sources.
-  const int n_tiles8 = (n_src + 7) / 8, n_pad = (n_src + 15) / 16 * 16;
+  // Source 8-tiles in use; staged with zeros up to 16 sources (fp32: 32,
+  // its S products go four tiles at a time).
+  constexpr int kPadTo = kTf32 ? 32 : 16;
+  const int n_tiles8 = (n_src + 7) / 8;
+  const int n_pad = (n_src + kPadTo - 1) / kPadTo * kPadTo;
   // K (fp32: permuted within 8-tiles) and V rows (true order) of head h
   // into shared memory (the copies still in flight on return:
   // cp_async_wait_all and a barrier before use). The host hands 16-byte
@@ -182,13 +185,23 @@ __global__ void __launch_bounds__(kTcThreads, kTcMinBlocks)
 #pragma unroll
         for (int t = 0; t < kTcSrcTiles; ++t)
           s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
+        if constexpr (kTf32) {
+          // Q's values one k-step ahead of their products (read from
+          // global memory: their latency was the kernel's largest stall)
+          float xq[4];
+          M::load_x(qa, qb, 0, q4, xq);
 #pragma unroll kUnrollK
-        for (int k0 = 0; k0 < DH; k0 += kK) {
-          const typename M::A fq = M::load_a(qa, qb, k0, q4);
-          if constexpr (kTf32)
-            mma_nk_pairs_tf32<!kOneTf32>(s, fq, n_tiles8, s_k, KS, k0, lane);
-          else
+          for (int k0 = 0; k0 < DH; k0 += kK) {
+            const typename M::A fq = M::split_x(xq);
+            if (k0 + kK < DH) M::load_x(qa, qb, k0 + kK, q4, xq);
+            mma_nk_tf32<!kOneTf32>(s, fq, n_tiles8, s_k, KS, k0, lane);
+          }
+        } else {
+#pragma unroll
+          for (int k0 = 0; k0 < DH; k0 += kK) {
+            const typename M::A fq = M::load_a(qa, qb, k0, q4);
             mma_nk_pairs<T>(s, fq.hi, n_tiles8, s_k, KS, k0, lane);
+          }
         }
         // ---- mask, row max (rows g and g + 8: a quad holds a row)
         const unsigned char* ca = s_cnt + (r0 + g) * kTcCntStride;

@@ -70,13 +70,16 @@ __device__ __forceinline__ void mma_16816<at::BFloat16>(
 // x = hi + lo as tf32 operands: the tensor cores read a tf32 operand's top
 // 19 bits (sign, exponent, 10 mantissa bits; the rest ignored, i.e.
 // truncated -- as nvcc's own lowering of cvt.rna.tf32 relies on), so hi is
-// x as it is and lo = x - trunc(x), exact in fp32; the mma truncates lo in
-// turn. a b = lo_a hi_b + hi_a lo_b + hi_a hi_b then misses lo lo and lo's
-// truncation, each < 2^-20 |a b|. Two instructions per operand (cvt.rna
-// twice took eight: it is emulated with an infinity check).
+// x plus half a tf32 ulp (read as x rounded to nearest) and lo = x -
+// round(x), exact in fp32 (|lo| <= 2^-11 |x|), which the mma truncates in
+// turn. a b = lo_a hi_b + hi_a lo_b + hi_a hi_b then misses lo's truncation
+// (< 2^-21 |x|) and lo_a lo_b (< 2^-22 |a b|), as cvt.rna's split did.
+// Three instructions per operand (cvt.rna twice took eight: it is emulated
+// with an infinity test; hi unrounded, two, doubled the error: a one-node
+// row's near-zero d Q missed the tests' bound).
 __device__ __forceinline__ void split_tf32(float x, uint32_t& hi,
                                            uint32_t& lo) {
-  hi = __float_as_uint(x);
+  hi = __float_as_uint(x) + 0x1000u;
   lo = __float_as_uint(x - __uint_as_float(hi & 0xffffe000u));
 }
 // (not volatile: no side effects, so that the scheduler interleaves the
@@ -266,15 +269,30 @@ struct MmaTile {
   }
 
   // A from two row-major rows (rows g and g + 8; nullptr: zeros), k-step k0.
+  // fp32: the four values of such an A fragment, and their split (apart,
+  // so that a caller can load one k-step ahead).
+  __device__ static __forceinline__ void load_x(const float* ra,
+                                                const float* rb, int k0,
+                                                int q, float (&x)[4]) {
+    x[0] = ra ? ra[k0 + q] : 0.f;
+    x[1] = rb ? rb[k0 + q] : 0.f;
+    x[2] = ra ? ra[k0 + q + 4] : 0.f;
+    x[3] = rb ? rb[k0 + q + 4] : 0.f;
+  }
+  __device__ static __forceinline__ A split_x(const float (&x)[4]) {
+    A a;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) split_tf32(x[i], a.hi[i], a.lo[i]);
+    return a;
+  }
+
   __device__ static __forceinline__ A load_a(const T* ra, const T* rb,
                                              int k0, int q) {
     A a;
     if constexpr (kTf32) {
-      const float x[4] = {ra ? ra[k0 + q] : 0.f, rb ? rb[k0 + q] : 0.f,
-                          ra ? ra[k0 + q + 4] : 0.f,
-                          rb ? rb[k0 + q + 4] : 0.f};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) split_tf32(x[i], a.hi[i], a.lo[i]);
+      float x[4];
+      load_x(ra, rb, k0, q, x);
+      a = split_x(x);
     } else {
       const int k = k0 + 2 * q;
       a.hi[0] = ra ? *reinterpret_cast<const uint32_t*>(ra + k) : 0u;
@@ -384,32 +402,39 @@ __device__ __forceinline__ void mma_tf32_tiles(float (&d)[kTiles][4], int t0,
   for (int i = 0; i < kN; ++i) mma_1688_tf32(d[t0 + i], ah, bh[i][0], bh[i][1]);
 }
 
-// d[t], d[t + 1] += a B for the used tile pairs of fp32 NK rows (permuted
-// within 8-tiles, tc_staged_row; k-step k0): ldmatrix's 8 x 8 b16 matrix is
-// 8 rows x 4 words, lane l getting row l / 4, word l % 4 -- B's (column g,
-// k q) of m16n8k8 -- so that matrices (tile t + m / 2, k half m % 2) are
-// b0, b1 of both tiles, one ldmatrix per pair (a row stride of 4 mod 32
-// words puts a matrix's 8 rows in distinct banks). k3: 3xTF32 (a split as
-// MmaTile::load_a gives it), else 1xTF32.
+// d[t .. t + 3] += a B for the used groups of four tiles of fp32 NK rows
+// (permuted within 8-tiles, tc_staged_row; staged with zeros up to a
+// multiple of 32 rows; k-step k0): ldmatrix's 8 x 8 b16 matrix is 8 rows x
+// 4 words, lane l getting row l / 4, word l % 4 -- B's (column g, k q) of
+// m16n8k8 -- so that matrices (tile t + m / 2, k half m % 2) are b0, b1 of
+// two tiles, one ldmatrix per pair (a row stride of 4 mod 32 words puts a
+// matrix's 8 rows in distinct banks); four tiles' products interleaved
+// (two left the three dependent products of a tile waiting on each other).
+// k3: 3xTF32 (a split as MmaTile::load_a gives it), else 1xTF32.
 template <bool k3, int kTiles>
-__device__ __forceinline__ void mma_nk_pairs_tf32(
+__device__ __forceinline__ void mma_nk_tf32(
     float (&d)[kTiles][4], const typename MmaTile<float>::A& a, int n_tiles,
     const float* nk, int ns, int k0, int lane) {
+  static_assert(kTiles % 4 == 0, "tiles in fours");
   const int m4 = lane / 8, r8 = lane % 8;
   uint32_t ah[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) ah[i] = k3 ? a.hi[i] : round_tf32(a.hi[i]);
-  // (one address, the pairs at constant offsets from it: per-pair addresses
+  // (one address, the tiles at constant offsets from it: per-pair addresses
   // kept in registers spilled at D = 64)
   const float* base = nk + ((m4 / 2) * 8 + r8) * ns + k0 + 4 * (m4 % 2);
 #pragma unroll
-  for (int t = 0; t < kTiles; t += 2)
+  for (int t = 0; t < kTiles; t += 4)
     if (t < n_tiles) {
-      uint32_t r[4];
-      ldmatrix_x4(r, base + t * 8 * ns);
-      const float b[2][2] = {{__uint_as_float(r[0]), __uint_as_float(r[1])},
-                             {__uint_as_float(r[2]), __uint_as_float(r[3])}};
-      mma_tf32_tiles<2, k3>(d, t, ah, a.lo, b);
+      uint32_t r[2][4];
+      ldmatrix_x4(r[0], base + t * 8 * ns);
+      ldmatrix_x4(r[1], base + (t + 2) * 8 * ns);
+      float b[4][2];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        b[i][0] = __uint_as_float(r[i / 2][2 * (i % 2)]),
+        b[i][1] = __uint_as_float(r[i / 2][2 * (i % 2) + 1]);
+      mma_tf32_tiles<4, k3>(d, t, ah, a.lo, b);
     }
 }
 
@@ -439,12 +464,13 @@ __device__ __forceinline__ void product_rows_tf32(float (&acc)[kOut][4],
       const float xa[4] = {x[t][0], x[t][2], x[t][1], x[t][3]};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        if constexpr (k3) {
-          uint32_t trunc;
+        if constexpr (k3) {  // (split_tf32)
+          uint32_t rounded;
           asm volatile("and.b32 %0, %1, 0xffffe000;"
-                       : "=r"(trunc) : "r"(__float_as_uint(xa[i])));
-          fa.hi[i] = __float_as_uint(xa[i]);
-          fa.lo[i] = __float_as_uint(xa[i] - __uint_as_float(trunc));
+                       : "=r"(rounded)
+                       : "r"(__float_as_uint(xa[i]) + 0x1000u));
+          fa.hi[i] = __float_as_uint(xa[i]) + 0x1000u;
+          fa.lo[i] = __float_as_uint(xa[i] - __uint_as_float(rounded));
         } else {
           fa.hi[i] = round_tf32(__float_as_uint(xa[i]));
         }
