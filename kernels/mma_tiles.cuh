@@ -375,7 +375,8 @@ __device__ __forceinline__ uint32_t round_tf32(uint32_t x) {
 // d[t0 + i] += a b[i] for kN m16n8k8 tiles. k3 (3xTF32): B's halves split
 // here, a's given (ah, al), the three products of a tile apart so that
 // consecutive mma write different accumulators; else (1xTF32, opt-in) one
-// product of ah (rounded by the caller) and b rounded here.
+// product of ah (rounded to tf32 by the caller: split_tf32's hi, or
+// round_tf32) and b rounded here.
 template <int kN, bool k3, int kTiles>
 __device__ __forceinline__ void mma_tf32_tiles(float (&d)[kTiles][4], int t0,
                                                const uint32_t (&ah)[4],
@@ -417,9 +418,7 @@ __device__ __forceinline__ void mma_nk_tf32(
     const float* nk, int ns, int k0, int lane) {
   static_assert(kTiles % 4 == 0, "tiles in fours");
   const int m4 = lane / 8, r8 = lane % 8;
-  uint32_t ah[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) ah[i] = k3 ? a.hi[i] : round_tf32(a.hi[i]);
+  // (a.hi is rounded already, split_tf32: both products take it as it is)
   // (one address, the tiles at constant offsets from it: per-pair addresses
   // kept in registers spilled at D = 64)
   const float* base = nk + ((m4 / 2) * 8 + r8) * ns + k0 + 4 * (m4 % 2);
@@ -434,7 +433,7 @@ __device__ __forceinline__ void mma_nk_tf32(
       for (int i = 0; i < 4; ++i)
         b[i][0] = __uint_as_float(r[i / 2][2 * (i % 2)]),
         b[i][1] = __uint_as_float(r[i / 2][2 * (i % 2) + 1]);
-      mma_tf32_tiles<4, k3>(d, t, ah, a.lo, b);
+      mma_tf32_tiles<4, k3>(d, t, a.hi, a.lo, b);
     }
 }
 
