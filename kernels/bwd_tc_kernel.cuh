@@ -10,12 +10,13 @@
 //      other way round), dV = P^T dO, dK = scale dS^T Q.
 // Both products of a phase come from operand rows staged in shared memory
 // (K, V for A; Q, dO for B); the strip's own rows are read from global
-// memory as A fragments. fp16 / bf16: the rows staged once by cp.async, the
-// transposed products' B fragments by ldmatrix.trans from the same rows; 4
-// warps a block and two blocks an SM (a strip's S and dP take 128
+// memory as A fragments. The rows are staged once by cp.async (fp32:
+// permuted within 8-tiles), the transposed products' B fragments read from
+// the same rows (fp16 / bf16 by ldmatrix.trans, fp32 by scalar reads). fp16
+// / bf16: 4 warps a block and two blocks an SM (a strip's S and dP take 128
 // registers, so 8 warps of 2 blocks would not fit), so that one block's
-// staging runs under the other's products. fp32 runs 3xTF32 (mma_tiles.cuh)
-// with the transposed rows staged beside them: 8 warps, one block an SM.
+// staging runs under the other's products. fp32 runs 3xTF32 (mma_tiles.cuh):
+// 8 warps, one block an SM.
 #pragma once
 
 #include <type_traits>
@@ -60,20 +61,17 @@ struct TcBwdArgs {
   float scale;
 };
 
-// Shared memory (bytes, 16-byte aligned): operand slots of kTcMax x (DH +
-// pad) elements -- fp16 / bf16: 2 ([128][DH + pad] rows); fp32: 4 ([128][DH
-// + pad] NK rows or [DH][128 + pad] transposed ones, whichever is larger) |
-// counts [128][kTcCntStride] uint8 | lse, D fp32 [128] each | block scalars.
+// Shared memory (bytes, 16-byte aligned): 2 operand slots of [128][DH +
+// pad] rows | counts [128][kTcCntStride] uint8 | lse, D fp32 [128] each |
+// block scalars.
 struct TcBwdLayout {
   size_t slot, cnt, lse, d, scalars, total;
 };
 __host__ __device__ inline TcBwdLayout tc_bwd_layout(int DH, size_t elem) {
   const int pad = (int)(16 / elem);
-  const size_t a = (size_t)kTcMax * (DH + pad), b = (size_t)DH * (kTcMax + pad);
-  const bool tf32 = elem == 4;
   TcBwdLayout L;
-  L.slot = align16((tf32 && b > a ? b : a) * elem);
-  L.cnt = (tf32 ? 4 : 2) * L.slot;
+  L.slot = align16((size_t)kTcMax * (DH + pad) * elem);
+  L.cnt = 2 * L.slot;
   L.lse = L.cnt + (size_t)kTcMax * kTcCntStride;
   L.d = L.lse + kTcMax * 4;
   L.scalars = L.d + kTcMax * 4;
@@ -88,17 +86,15 @@ __global__ void __launch_bounds__(tc_bwd_threads<T>(), tc_bwd_tf32<T>() ? 1 : 2)
   constexpr bool kTf32 = M::kTf32;
   constexpr int kWarps = tc_bwd_warps<T>(), kThreads = tc_bwd_threads<T>();
   constexpr int kK = M::kK, kPad = (int)(16 / sizeof(T));
-  constexpr int NS = DH + kPad;      // stride of NK rows [128][DH]
-  constexpr int TS = kTcMax + kPad;  // stride of transposed rows [DH][128]
+  constexpr int NS = DH + kPad;      // stride of the rows [128][DH]
   constexpr int kOut = DH / 8;       // n-tiles of a [16 x DH] result
+  // rows staged with zeros up to a multiple of 16 (fp32: 32, its products
+  // go four tiles at a time)
+  constexpr int kPadTo = kTf32 ? 32 : 16;
   extern __shared__ __align__(16) unsigned char smem[];
   const TcBwdLayout L = tc_bwd_layout(DH, sizeof(T));
-  // (fp16 / bf16 stage no transposed rows: slots 2, 3 are never written
-  // there, and only name slot 0 so that the calls stay one)
-  T* slot[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    slot[i] = reinterpret_cast<T*>(smem + (kTf32 || i < 2 ? i : 0) * L.slot);
+  T* slot[2] = {reinterpret_cast<T*>(smem),
+                reinterpret_cast<T*>(smem + L.slot)};
   unsigned char* s_cnt = smem + L.cnt;
   float* s_lse = reinterpret_cast<float*>(smem + L.lse);
   float* s_d = reinterpret_cast<float*>(smem + L.d);
@@ -116,25 +112,21 @@ __global__ void __launch_bounds__(tc_bwd_threads<T>(), tc_bwd_tf32<T>() ? 1 : 2)
                                      a.rowptr[r_end], s_lo, src_lo);
   if (n_src > kTcMax || n_rows > kTcMax) __trap();  // the host rules it out
   const int src_tiles = (n_src + 7) / 8, row_tiles = (n_rows + 7) / 8;
-  const int src_pad = (n_src + 15) / 16 * 16, row_pad = (n_rows + 15) / 16 * 16;
+  const int src_pad = (n_src + kPadTo - 1) / kPadTo * kPadTo;
+  const int row_pad = (n_rows + kPadTo - 1) / kPadTo * kPadTo;
 
   // Stage rows [0, n_pad) of X (row i at X + (base + i) * HD + h * DH; zeros
-  // past n) as NK rows (fp32: permuted within 8-tiles, and, if `t`, as
-  // transposed rows t[d][i] in true order; fp16 / bf16: by cp.async, in
-  // flight until cp_async_wait_all). The host hands aligned inputs.
-  auto stage = [&](const T* x, int64_t base, int n, int n_pad, int h, T* nk,
-                   T* t) {
-    if constexpr (kTf32)
-      tc_stage_rows<T, DH, kThreads>(x + h * DH, base, HD, n, n_pad, nk, NS,
-                                     t, TS, tid);
-    else
-      tc_stage_rows_async<T, DH, kThreads>(x + h * DH, base, HD, n, n_pad,
-                                           nk, NS, tid);
+  // past n) as NK rows (fp32: permuted within 8-tiles) by cp.async, in
+  // flight until cp_async_wait_all. The host hands aligned inputs.
+  auto stage = [&](const T* x, int64_t base, int n, int n_pad, int h,
+                   T* nk) {
+    tc_stage_rows_async<T, DH, kThreads>(x + h * DH, base, HD, n, n_pad, nk,
+                                         NS, tid);
   };
 
   // ---- counts cnt[row][source - lo] (the first head's K, V in flight)
-  stage(a.k, src_lo, n_src, src_pad, 0, slot[0], slot[2]);
-  stage(a.v, src_lo, n_src, src_pad, 0, slot[1], nullptr);
+  stage(a.k, src_lo, n_src, src_pad, 0, slot[0]);
+  stage(a.v, src_lo, n_src, src_pad, 0, slot[1]);
   uint32_t* cnt_words = reinterpret_cast<uint32_t*>(s_cnt);
   for (int i = tid; i < kTcMax * kTcCntStride / 16; i += kThreads)
     reinterpret_cast<uint4*>(s_cnt)[i] = make_uint4(0u, 0u, 0u, 0u);
@@ -157,18 +149,19 @@ __global__ void __launch_bounds__(tc_bwd_threads<T>(), tc_bwd_tf32<T>() ? 1 : 2)
     for (int t = 0; t < kTcTiles; ++t)
 #pragma unroll
       for (int i = 0; i < 4; ++i) s[t][i] = dp[t][i] = 0.f;
+    if constexpr (kTf32) {
+#pragma unroll 2  // (code size, as in the forward)
+      for (int k0 = 0; k0 < DH; k0 += kK) {
+        const typename M::A fx = M::load_a(xa, xb, k0, q4);
+        const typename M::A fy = M::load_a(ya, yb, k0, q4);
+        mma_nk_tf32<true>(s, fx, n_tiles, slot[0], NS, k0, lane);
+        mma_nk_tf32<true>(dp, fy, n_tiles, slot[1], NS, k0, lane);
+      }
+    } else {
 #pragma unroll
-    for (int k0 = 0; k0 < DH; k0 += kK) {
-      const typename M::A fx = M::load_a(xa, xb, k0, q4);
-      const typename M::A fy = M::load_a(ya, yb, k0, q4);
-      if constexpr (kTf32) {
-#pragma unroll
-        for (int t = 0; t < kTcTiles; ++t)
-          if (t < n_tiles) {
-            M::mma(s[t], fx, slot[0] + (t * 8 + g) * NS, k0, q4);
-            M::mma(dp[t], fy, slot[1] + (t * 8 + g) * NS, k0, q4);
-          }
-      } else {
+      for (int k0 = 0; k0 < DH; k0 += kK) {
+        const typename M::A fx = M::load_a(xa, xb, k0, q4);
+        const typename M::A fy = M::load_a(ya, yb, k0, q4);
         mma_nk_pairs<T>(s, fx.hi, n_tiles, slot[0], NS, k0, lane);
         mma_nk_pairs<T>(dp, fy.hi, n_tiles, slot[1], NS, k0, lane);
       }
@@ -178,12 +171,11 @@ __global__ void __launch_bounds__(tc_bwd_threads<T>(), tc_bwd_tf32<T>() ? 1 : 2)
   // 8-tile t.
   auto index_of = [&](int t, int i) { return t * 8 + M::column(q4, i); };
   // acc = x B over the used 8-tiles of k (x: accumulator tiles reused as A
-  // fragments; B's column g of n-tile nt: fp32 at the transposed rows `t`,
-  // fp16 / bf16 from the operand rows `rows`), stored times `sc` to rows
-  // a / b of `out`.
+  // fragments; B from the operand rows `rows` as staged), stored times `sc`
+  // to rows a / b of `out`.
   auto product = [&](const float (&x)[kTcTiles][4], int k_tiles,
-                     const T* rows, const T* t, T* out, int64_t at_a,
-                     int64_t at_b, bool ok_a, bool ok_b, float sc) {
+                     const T* rows, T* out, int64_t at_a, int64_t at_b,
+                     bool ok_a, bool ok_b, float sc) {
     auto store = [&](int nt, const float (&acc)[4]) {
       const int f = nt * 8 + 2 * q4;
       float xa[2] = {acc[0] * sc, acc[1] * sc};
@@ -191,20 +183,20 @@ __global__ void __launch_bounds__(tc_bwd_threads<T>(), tc_bwd_tf32<T>() ? 1 : 2)
       if (ok_a) store_vec<T, 2>(out + at_a + f, xa);
       if (ok_b) store_vec<T, 2>(out + at_b + f, xb);
     };
-    product_store<T, kTcTiles, kOut>(x, k_tiles, rows, NS, t, TS, lane,
-                                     store);
+    product_rows_store<T, kTcTiles, kOut, false, kTf32>(x, k_tiles, rows, NS,
+                                                       lane, store);
   };
 
   for (int h = 0; h < H; ++h) {
     // ================================================= A: row strips
     if (h > 0) {
       __syncthreads();  // the previous head's phase B is done with the slots
-      stage(a.k, src_lo, n_src, src_pad, h, slot[0], slot[2]);
-      stage(a.v, src_lo, n_src, src_pad, h, slot[1], nullptr);
+      stage(a.k, src_lo, n_src, src_pad, h, slot[0]);
+      stage(a.v, src_lo, n_src, src_pad, h, slot[1]);
     }
     for (int r = tid; r < n_rows; r += kThreads)
       s_lse[r] = a.lse[(r_begin + r) * H + h];
-    if constexpr (!kTf32) cp_async_wait_all();
+    cp_async_wait_all();
     __syncthreads();  // staged rows, counts and lse visible to every warp
     for (int r0 = warp * 16; r0 < n_rows; r0 += kWarps * 16) {
       const bool ok_a = r0 + g < n_rows, ok_b = r0 + g + 8 < n_rows;
@@ -247,16 +239,16 @@ __global__ void __launch_bounds__(tc_bwd_threads<T>(), tc_bwd_tf32<T>() ? 1 : 2)
 #pragma unroll
         for (int i = 0; i < 4; ++i)
           s[t][i] *= dp[t][i] - (i < 2 ? d_a : d_b);  // ds
-      // dQ = scale dS K (k over sources: K's rows, fp32 K^T in slot 2)
-      product(s, src_tiles, slot[0], slot[2], a.dq, row_a * HD + h * DH,
+      // dQ = scale dS K (k over sources: K's rows)
+      product(s, src_tiles, slot[0], a.dq, row_a * HD + h * DH,
               row_b * HD + h * DH, ok_a, ok_b, a.scale);
     }
 
     // ================================================= B: source strips
     __syncthreads();  // phase A done with the slots; D complete
-    stage(a.q, r_begin, n_rows, row_pad, h, slot[0], slot[2]);
-    stage(a.dout, r_begin, n_rows, row_pad, h, slot[1], slot[3]);
-    if constexpr (!kTf32) cp_async_wait_all();
+    stage(a.q, r_begin, n_rows, row_pad, h, slot[0]);
+    stage(a.dout, r_begin, n_rows, row_pad, h, slot[1]);
+    cp_async_wait_all();
     __syncthreads();
     for (int c0 = warp * 16; c0 < n_src; c0 += kWarps * 16) {
       const bool ok_a = c0 + g < n_src, ok_b = c0 + g + 8 < n_src;
@@ -280,11 +272,10 @@ __global__ void __launch_bounds__(tc_bwd_threads<T>(), tc_bwd_tf32<T>() ? 1 : 2)
           s[t][i] = p;
           dp[t][i] = c > 0 ? p * (dp[t][i] - s_d[r]) : 0.f;  // ds
         }
-      // dV = P^T dO (dO's rows; fp32 dO^T in slot 3), dK = scale dS^T Q
-      // (Q's rows; fp32 Q^T in slot 2)
-      product(s, row_tiles, slot[1], slot[3], a.dv, src_a * HD + h * DH,
+      // dV = P^T dO (dO's rows), dK = scale dS^T Q (Q's rows)
+      product(s, row_tiles, slot[1], a.dv, src_a * HD + h * DH,
               src_b * HD + h * DH, ok_a, ok_b, 1.f);
-      product(dp, row_tiles, slot[0], slot[2], a.dk, src_a * HD + h * DH,
+      product(dp, row_tiles, slot[0], a.dk, src_a * HD + h * DH,
               src_b * HD + h * DH, ok_a, ok_b, a.scale);
     }
   }

@@ -9,9 +9,9 @@
 // (2 q, 2 q + 1). A holds rows (g, g + 8) x k (2 q, 2 q + 1, + 8) for k = 16
 // and (q, q + 4) for k = 8; B holds k (same as A's) x column g.
 // B comes from "NK" rows, element (n, k) at base[n * stride + k] (K rows for
-// Q K^T), or from operand rows [k][n] as staged (V for P V: fp16 / bf16 by
-// ldmatrix.trans, fp32 by scalar reads; the fp32 backward stages transposed
-// rows as NK rows instead); A from row-major [m][k] rows.
+// Q K^T), or from the same operand rows read as [k][n] (V for P V, K for
+// dS K, ...: fp16 / bf16 by ldmatrix.trans, fp32 by scalar reads); A from
+// row-major [m][k] rows.
 //
 // An accumulator tile reused as an A fragment (P from S, dS ...) needs its
 // columns to be A's k-slots: for k = 16 they are (2 q, 2 q + 1) of two
@@ -67,20 +67,32 @@ __device__ __forceinline__ void mma_16816<at::BFloat16>(
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// x = hi + lo as tf32 operands: the tensor cores read a tf32 operand's top
-// 19 bits (sign, exponent, 10 mantissa bits; the rest ignored, i.e.
-// truncated -- as nvcc's own lowering of cvt.rna.tf32 relies on), so hi is
-// x plus half a tf32 ulp (read as x rounded to nearest) and lo = x -
+// fp32 as one tf32 operand rounded to nearest (half away from zero): the
+// tensor cores read a tf32 operand's top 19 bits (sign, exponent, 10
+// mantissa bits; the rest ignored, i.e. truncated -- as nvcc's own lowering
+// of cvt.rna.tf32 relies on), so a half ulp added first rounds (one
+// instruction).
+__device__ __forceinline__ uint32_t round_tf32(uint32_t x) {
+  return x + 0x1000u;
+}
+// x = hi + lo as tf32 operands: hi = x rounded (round_tf32), lo = x -
 // round(x), exact in fp32 (|lo| <= 2^-11 |x|), which the mma truncates in
 // turn. a b = lo_a hi_b + hi_a lo_b + hi_a hi_b then misses lo's truncation
 // (< 2^-21 |x|) and lo_a lo_b (< 2^-22 |a b|), as cvt.rna's split did.
 // Three instructions per operand (cvt.rna twice took eight: it is emulated
 // with an infinity test; hi unrounded, two, doubled the error: a one-node
-// row's near-zero d Q missed the tests' bound).
+// row's near-zero d Q missed the tests' bound). kPinned: the mask as a
+// volatile instruction, so that the compiler keeps the split where it is
+// written (it hoisted P's split out of the loop over P V's parts: 64 more
+// registers, spilled).
+template <bool kPinned = false>
 __device__ __forceinline__ void split_tf32(float x, uint32_t& hi,
                                            uint32_t& lo) {
-  hi = __float_as_uint(x) + 0x1000u;
-  lo = __float_as_uint(x - __uint_as_float(hi & 0xffffe000u));
+  hi = round_tf32(__float_as_uint(x));
+  uint32_t rounded = hi & 0xffffe000u;
+  if constexpr (kPinned)
+    asm volatile("and.b32 %0, %1, 0xffffe000;" : "=r"(rounded) : "r"(hi));
+  lo = __float_as_uint(x - __uint_as_float(rounded));
 }
 // (not volatile: no side effects, so that the scheduler interleaves the
 // products of independent accumulators)
@@ -134,43 +146,12 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4],
 }
 
 // ------------------------------------------------------------ staging
-// Rows [0, n_pad) of X (row i at x + (base + i) * ld; zeros past n) into
-// shared memory as NK rows `nk` (stride ns; fp32: permuted within 8-tiles,
-// tc_staged_row) and / or transposed rows `t` (t[d * ts + i], true order);
-// either may be nullptr. x 16-byte aligned (the host hands the TC kernels
-// aligned inputs; rows then are: DH * size of T is a multiple of 16): one
-// 16-byte load per chunk of a row, the lanes of a warp over consecutive
-// rows, so that a warp's transposed stores are consecutive and its NK row
-// stores fall in distinct banks. (A scalar load per element made the
-// staging of a 128 x 128 window latency-bound: 64 loads per thread per
-// head.)
-template <typename T, int DH, int kThreads>
-__device__ __forceinline__ void tc_stage_rows(const T* __restrict__ x,
-                                              int64_t base, int64_t ld, int n,
-                                              int n_pad, T* nk, int ns, T* t,
-                                              int ts, int tid) {
-  constexpr bool kTf32 = std::is_same<T, float>::value;
-  constexpr int kVec = (int)(16 / sizeof(T)), kChunks = DH / kVec;
-  static_assert(DH % kVec == 0, "rows of whole 16-byte chunks");
-  for (int i = tid; i < n_pad * kChunks; i += kThreads) {
-    const int j = i % n_pad, d0 = (i / n_pad) * kVec;
-    uint4 raw = make_uint4(0u, 0u, 0u, 0u);
-    if (j < n) raw = *reinterpret_cast<const uint4*>(x + (base + j) * ld + d0);
-    if (nk != nullptr)
-      *reinterpret_cast<uint4*>(nk + (kTf32 ? tc_staged_row(j) : j) * ns +
-                                d0) = raw;
-    if (t != nullptr) {
-      const T* v = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-      for (int u = 0; u < kVec; ++u) t[(d0 + u) * ts + j] = v[u];
-    }
-  }
-}
-
-// Rows [0, n_pad) of X as rows `nk` (kPermute: permuted within 8-tiles,
-// fp32's NK rows; else in true order), zeros past n, by cp.async: every copy
+// Rows [0, n_pad) of X (row i at x + (base + i) * ld) as rows `nk`
+// (stride ns; kPermute: permuted within 8-tiles, fp32's NK rows,
+// tc_staged_row; else in true order), zeros past n, by cp.async: every copy
 // of the block in flight at once (the caller waits with cp_async_wait_all
-// and a barrier). x 16-byte aligned.
+// and a barrier). x 16-byte aligned (the host hands the TC kernels aligned
+// inputs; rows then are: DH * size of T is a multiple of 16).
 template <typename T, int DH, int kThreads,
           bool kPermute = std::is_same<T, float>::value>
 __device__ __forceinline__ void tc_stage_rows_async(
@@ -302,75 +283,10 @@ struct MmaTile {
     }
     return a;
   }
-
-  // A from accumulator tiles: fp32 one 8-tile c, fp16 / bf16 the two
-  // 8-tiles c0, c1 of a 16-wide k-step.
-  __device__ static __forceinline__ A acc_to_a(const float (&c0)[4],
-                                               const float (&c1)[4]) {
-    A a;
-    if constexpr (kTf32) {
-      split_tf32(c0[0], a.hi[0], a.lo[0]);  // (g, q)
-      split_tf32(c0[2], a.hi[1], a.lo[1]);  // (g + 8, q)
-      split_tf32(c0[1], a.hi[2], a.lo[2]);  // (g, q + 4)
-      split_tf32(c0[3], a.hi[3], a.lo[3]);  // (g + 8, q + 4)
-    } else {
-      a.hi[0] = pack2<T>(c0[0], c0[1]);
-      a.hi[1] = pack2<T>(c0[2], c0[3]);
-      a.hi[2] = pack2<T>(c1[0], c1[1]);
-      a.hi[3] = pack2<T>(c1[2], c1[3]);
-    }
-    return a;
-  }
-
-  // d += A B with B's column g at the NK row `nk` (k-step k0).
-  __device__ static __forceinline__ void mma(float (&d)[4], const A& a,
-                                             const T* nk, int k0, int q) {
-    if constexpr (kTf32) {
-      uint32_t b0h, b0l, b1h, b1l;
-      split_tf32(nk[k0 + q], b0h, b0l);
-      split_tf32(nk[k0 + q + 4], b1h, b1l);
-      mma_1688_tf32(d, a.lo, b0h, b1h);
-      mma_1688_tf32(d, a.hi, b0l, b1l);
-      mma_1688_tf32(d, a.hi, b0h, b1h);
-    } else {
-      const int k = k0 + 2 * q;
-      mma_16816<T>(d, a.hi, *reinterpret_cast<const uint32_t*>(nk + k),
-                   *reinterpret_cast<const uint32_t*>(nk + k + 8));
-    }
-  }
-
-  // acc = x B over the used 8-tiles of k (k_tiles): x are accumulator tiles
-  // reused as A fragments (acc_to_a; P for P V, dS / P for the backward's
-  // products), B's column g of n-tile nt at the NK row nk + (nt * 8 + g) *
-  // stride.
-  template <int kTiles, int kOut>
-  __device__ static __forceinline__ void product(float (&acc)[kOut][4],
-                                                 const float (&x)[kTiles][4],
-                                                 int k_tiles, const T* nk,
-                                                 int stride, int g, int q) {
-#pragma unroll
-    for (int nt = 0; nt < kOut; ++nt)
-      acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
-#pragma unroll
-    for (int t = 0; t < kTiles; t += kK / 8)
-      if (t < k_tiles) {
-        const A fa = acc_to_a(x[t], x[kTf32 ? t : t + 1]);
-#pragma unroll
-        for (int nt = 0; nt < kOut; ++nt)
-          mma(acc[nt], fa, nk + (nt * 8 + g) * stride, t * 8, q);
-      }
-  }
 };
 
 // ------------------------------------------------------------ fp32 rows
 // 3xTF32 products on operand rows as staged (the forward's fp32 path).
-
-// fp32 as one tf32 operand rounded to nearest (half away from zero): the
-// mma truncates, so a half ulp added first rounds (one instruction; the
-// opt-in 1xTF32 products).
-__device__ __forceinline__ uint32_t round_tf32(uint32_t x) {
-  return x + 0x1000u;
-}
 
 // d[t0 + i] += a b[i] for kN m16n8k8 tiles. k3 (3xTF32): B's halves split
 // here, a's given (ah, al), the three products of a tile apart so that
@@ -438,47 +354,43 @@ __device__ __forceinline__ void mma_nk_tf32(
 }
 
 // acc = x B over the used 8-tiles of k (k_tiles; x: accumulator tiles
-// reused as A fragments, acc_to_a: their columns follow the permuted NK rows
-// that made them) for n-tiles n0 .. n0 + kOut, B[k][n] at rows[k * ns + n]
-// in true order (V's rows as staged): b0, b1 are two scalar reads, in
-// distinct banks for a row stride of 8 mod 32 words. k3: 3xTF32, else
-// 1xTF32.
-template <bool k3, int kTiles, int kOut>
+// reused as A fragments -- their columns (2 q, 2 q + 1) are the k-slots (q,
+// q + 4), as the permuted NK rows that made them sort them) for n-tiles n0
+// .. n0 + kOut, B[k][n] at rows[k' * ns + n] as staged: k' = k in true
+// order (kPermuted false: V's rows in the forward; stride 8 mod 32 words),
+// or where tc_staged_row put k (the backward's NK rows, also its products'
+// B: k' = 2 q, 2 q + 1 for k = q, q + 4; stride 4 mod 32 words): two scalar
+// reads, in distinct banks either way. k3: 3xTF32, else 1xTF32.
+template <bool k3, bool kPermuted, int kTiles, int kOut>
 __device__ __forceinline__ void product_rows_tf32(float (&acc)[kOut][4],
                                                   const float (&x)[kTiles][4],
                                                   int k_tiles,
                                                   const float* rows, int ns,
                                                   int n0, int lane) {
   const int g = lane / 4, q = lane % 4;
+  const int k_lo = kPermuted ? 2 * q : q, k_hi = kPermuted ? 2 * q + 1 : q + 4;
 #pragma unroll
   for (int nt = 0; nt < kOut; ++nt)
     acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
 #pragma unroll
   for (int t = 0; t < kTiles; ++t)
     if (t < k_tiles) {
-      // x's halves (as acc_to_a), split here for every part: the compiler
-      // hoisted the split of all of x out of the caller's loop over parts,
-      // 64 more registers, spilled (the volatile mask keeps it here)
-      typename MmaTile<float>::A fa;
+      // (g, q), (g + 8, q), (g, q + 4), (g + 8, q + 4); split for every
+      // part (pinned: see split_tf32)
       const float xa[4] = {x[t][0], x[t][2], x[t][1], x[t][3]};
+      typename MmaTile<float>::A fa;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        if constexpr (k3) {  // (split_tf32)
-          uint32_t rounded;
-          asm volatile("and.b32 %0, %1, 0xffffe000;"
-                       : "=r"(rounded)
-                       : "r"(__float_as_uint(xa[i]) + 0x1000u));
-          fa.hi[i] = __float_as_uint(xa[i]) + 0x1000u;
-          fa.lo[i] = __float_as_uint(xa[i] - __uint_as_float(rounded));
-        } else {
+        if constexpr (k3)
+          split_tf32<true>(xa[i], fa.hi[i], fa.lo[i]);
+        else
           fa.hi[i] = round_tf32(__float_as_uint(xa[i]));
-        }
       }
-      const float* r = rows + (t * 8 + q) * ns + n0 * 8 + g;
+      const float* r = rows + t * 8 * ns + n0 * 8 + g;
       float b[kOut][2];
 #pragma unroll
       for (int nt = 0; nt < kOut; ++nt)
-        b[nt][0] = r[nt * 8], b[nt][1] = r[4 * ns + nt * 8];
+        b[nt][0] = r[k_lo * ns + nt * 8], b[nt][1] = r[k_hi * ns + nt * 8];
       mma_tf32_tiles<kOut, k3>(acc, 0, fa.hi, fa.lo, b);
     }
 }
@@ -489,9 +401,10 @@ __device__ __forceinline__ void product_rows_tf32(float (&acc)[kOut][4],
 // per n-tile of the [16 x 8 kOut] result, in parts of at most 8 n-tiles
 // (32 result registers at a time). fp16 / bf16: x packed per 16-wide
 // k-step, ldmatrix.trans (product_rows); fp32: 3xTF32, or 1xTF32 if
-// kOneTf32 (product_rows_tf32).
+// kOneTf32, rows in true order or permuted as NK rows (kPermutedRows;
+// product_rows_tf32).
 template <typename T, int kTiles, int kOut, bool kOneTf32 = false,
-          typename Store>
+          bool kPermutedRows = false, typename Store>
 __device__ __forceinline__ void product_rows_store(
     const float (&x)[kTiles][4], int k_tiles, const T* rows, int ns, int lane,
     Store store) {
@@ -501,8 +414,8 @@ __device__ __forceinline__ void product_rows_store(
 #pragma unroll 1  // (code size: a part is ~1,000 instructions)
     for (int part = 0; part < kOut; part += kPart) {
       float acc[kPart][4];
-      product_rows_tf32<!kOneTf32, kTiles, kPart>(acc, x, k_tiles, rows, ns,
-                                                  part, lane);
+      product_rows_tf32<!kOneTf32, kPermutedRows, kTiles, kPart>(
+          acc, x, k_tiles, rows, ns, part, lane);
 #pragma unroll
       for (int nt = 0; nt < kPart; ++nt) store(part + nt, acc[nt]);
     }
@@ -516,23 +429,6 @@ __device__ __forceinline__ void product_rows_store(
 #pragma unroll
       for (int nt = 0; nt < kPart; ++nt) store(part + nt, acc[nt]);
     }
-  }
-}
-
-// As product_rows_store, but fp32 (the backward's 3xTF32 layout) takes B
-// from transposed rows t ([n][k], stride ts; MmaTile::product).
-template <typename T, int kTiles, int kOut, typename Store>
-__device__ __forceinline__ void product_store(const float (&x)[kTiles][4],
-                                              int k_tiles, const T* rows,
-                                              int ns, const T* t, int ts,
-                                              int lane, Store store) {
-  if constexpr (MmaTile<T>::kTf32) {
-    float acc[kOut][4];
-    MmaTile<T>::product(acc, x, k_tiles, t, ts, lane / 4, lane % 4);
-#pragma unroll
-    for (int nt = 0; nt < kOut; ++nt) store(nt, acc[nt]);
-  } else {
-    product_rows_store<T, kTiles, kOut>(x, k_tiles, rows, ns, lane, store);
   }
 }
 
