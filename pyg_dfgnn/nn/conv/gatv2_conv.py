@@ -10,6 +10,7 @@ from torch_geometric.nn.dense.linear import (
 )
 from torch_geometric.nn.inits import glorot, zeros
 
+from pyg_dfgnn.nn.conv.linear_ops import linears
 from pyg_dfgnn.nn.conv.utils import (
     adjacency_edge_attr,
     attention_weights,
@@ -221,22 +222,25 @@ class DFGATv2Conv(MessagePassing):
 
         if self.res is not None:
             res = self.res(x_r_in)
-        x_l = self.lin_l(x_l_in).view(-1, H, C)
-        if self.share_weights and x_r_in is x_l_in:
-            x_r = x_l
-        else:
-            x_r = self.lin_r(x_r_in).view(-1, H, C)
-
-        num_src, num_dst = resolve_sizes(edge_index, None, x_l.size(0),
-                                         x_r.size(0))
+        num_src, num_dst = resolve_sizes(edge_index, None, x_l_in.size(0),
+                                         x_r_in.size(0))
         if edge_attr is None and self.lin_edge is not None:
             edge_attr = adjacency_edge_attr(edge_index)  # as PyG collects it
         loops = None
         if self.add_self_loops:
             check_sparse_self_loops(edge_index, self.edge_dim, edge_attr)
             loops = min(num_src, num_dst)
-        structure = resolve_graph(edge_index, num_src, num_dst, x_l.device,
-                                  loops)
+        structure = resolve_graph(edge_index, num_src, num_dst,
+                                  x_l_in.device, loops)
+
+        if self.share_weights and x_r_in is x_l_in:
+            x_l = x_r = self.lin_l(x_l_in).view(-1, H, C)
+        elif x_r_in is x_l_in:  # one backward node where that pays
+            x_l, x_r = (t.view(-1, H, C) for t in linears(
+                x_l_in, [self.lin_l, self.lin_r], structure.graph.num_edges))
+        else:
+            x_l = self.lin_l(x_l_in).view(-1, H, C)
+            x_r = self.lin_r(x_r_in).view(-1, H, C)
 
         edge_key: Optional[Tensor] = None
         if edge_attr is not None:

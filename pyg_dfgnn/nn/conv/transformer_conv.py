@@ -9,6 +9,7 @@ from torch_geometric.nn.dense.linear import (
     is_uninitialized_parameter,
 )
 
+from pyg_dfgnn.nn.conv.linear_ops import linears
 from pyg_dfgnn.nn.conv.utils import (
     adjacency_edge_attr,
     attention_weights,
@@ -199,13 +200,33 @@ class DFTransformerConv(MessagePassing):
 
         x = split_node_features(x)
 
-        query = self.lin_query(x[1]).view(-1, H, C)
-        key = self.lin_key(x[0]).view(-1, H, C)
-        value = self.lin_value(x[0]).view(-1, H, C)
+        num_src, num_dst = resolve_sizes(edge_index, None, x[0].size(0),
+                                         x[1].size(0))
+        structure = resolve_graph(edge_index, num_src, num_dst, x[0].device)
 
-        num_src, num_dst = resolve_sizes(edge_index, None, key.size(0),
-                                         query.size(0))
-        structure = resolve_graph(edge_index, num_src, num_dst, key.device)
+        # The projections of one input in one backward node where that pays
+        # (linear_ops)
+        num_edges = structure.graph.num_edges
+        x_r: Optional[Tensor] = None
+        if x[0] is x[1]:
+            projected = linears(x[0], [self.lin_query, self.lin_key,
+                                       self.lin_value] +
+                                ([self.lin_skip] if self.root_weight else []),
+                                num_edges)
+            query, key, value = projected[:3]
+            if self.root_weight:
+                x_r = projected[3]
+        else:
+            key, value = linears(x[0], [self.lin_key, self.lin_value],
+                                 num_edges)
+            if self.root_weight:
+                query, x_r = linears(x[1], [self.lin_query, self.lin_skip],
+                                     num_edges)
+            else:
+                query = self.lin_query(x[1])
+        query = query.view(-1, H, C)
+        key = key.view(-1, H, C)
+        value = value.view(-1, H, C)
 
         want_alpha = isinstance(return_attention_weights, bool)
         scale = 1.0 / math.sqrt(C)
@@ -265,8 +286,7 @@ class DFTransformerConv(MessagePassing):
         else:
             out = out.mean(dim=1)
 
-        if self.root_weight:
-            x_r = self.lin_skip(x[1])
+        if x_r is not None:
             if self.lin_beta is not None:
                 beta = self.lin_beta(torch.cat([out, x_r, out - x_r], dim=-1))
                 beta = beta.sigmoid()
