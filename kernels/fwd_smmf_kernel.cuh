@@ -103,15 +103,16 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
   const int G = KIND == kAdd ? 1 : min(a.qk_group, 8), ng = kWarpSize / G;
   const int g = lane / G, lg = lane % G;
   const unsigned h_magic = ((1u << 20) + H - 1) / H;  // it / H, H <= 128
-  // SDDMM with lanes over the key row (one vector each) where the row is
-  // exactly a warp's vectors and a head has L >= 4 of them (fp32 H * D =
-  // 128: 1 x 128, 2 x 64, 4 x 32, 8 x 16); else lane groups per (edge,
-  // head) item.
-  const int L = D / VW;
-  // (fp32 only: in the half-precision kernels the path's code alone, never
-  // taken at their usual shapes, raised the spills)
-  const bool feature_lanes = std::is_same_v<T, float> && VW > 1 &&
-                             KIND != kAdd && HD_k == kWarpSize * VW && L >= 4 &&
+  // SDDMM with lanes over the key row, four features each, where the row
+  // is exactly a warp's (H * D = 128: 1 x 128, 2 x 64, 4 x 32, 8 x 16) and
+  // a head has L >= 4 lanes; else lane groups per (edge, head) item. Four
+  // features in every dtype (8-byte reads of a half-precision row): the
+  // query and att stay in registers instead of a shared-memory re-read
+  // per item.
+  constexpr int FV = 4;
+  const int L = D / FV;
+  const bool feature_lanes = VW > 1 && KIND != kAdd &&
+                             HD_k == kWarpSize * FV && L >= 4 &&
                              (L & (L - 1)) == 0;
 
   // a value row of one vector per lane, p / j aligned for 4-edge reads
@@ -168,9 +169,9 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
           // scores per lane summed over the head's L lanes by a transposing
           // butterfly: no query re-read per item (a third of this loop's
           // shared-memory reads), 6-9 shuffles per 8 edges.
-          float qv[VW], av[VW];
-          load_smem<VW>(w.q + lane * VW, qv);
-          if constexpr (KIND == kGatv2) load_smem<VW>(att + lane * VW, av);
+          float qv[FV], av[FV];
+          load_smem<FV>(w.q + lane * FV, qv);
+          if constexpr (KIND == kGatv2) load_smem<FV>(att + lane * FV, av);
           const int h = lane / L;
           for (int e0 = 0; e0 < n; e0 += 8) {
             float v[8];
@@ -183,11 +184,11 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
               const int jb = b % 4 == 0 ? j4.x : b % 4 == 1 ? j4.y
                            : b % 4 == 2 ? j4.z : j4.w;
               if (e < n) {
-                float kx[VW];
-                load_vec<T, VW>(kb + (OFF)jb * HD_k + lane * VW, kx);
+                float kx[FV];
+                load_vec<T, FV>(kb + (OFF)jb * HD_k + lane * FV, kx);
                 if (kHasEdgeKV<FEAT> && a.et.ek != nullptr)
-                  add_vec<T, VW>(a.et.ek + (cb + e) * HD_k + lane * VW, kx);
-                v[b] = score_vec<KIND, VW>(qv, kx, av, a.slope, v[b]);
+                  add_vec<T, FV>(a.et.ek + (cb + e) * HD_k + lane * FV, kx);
+                v[b] = score_vec<KIND, FV>(qv, kx, av, a.slope, v[b]);
               }
             }
             const int k = transpose_sum8(v, L);
