@@ -101,8 +101,12 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
             w.t[h * C + e] = pt.y;
           }
         }
-        if (feature_lanes && (pass == 0 || lean)) {
-          // Lanes over the key / value rows (one vector each, as the
+        // (half precision: chunks of >= 8 edges; shorter ones keep the
+        // item groups, which the eight-edge steps lose to there)
+        const bool lanes_here =
+            feature_lanes && (std::is_same_v<T, float> || n >= 8);
+        if (lanes_here && (pass == 0 || lean)) {
+          // Lanes over the key / value rows (four features each, as the
           // forward's SDDMM): the query, grad_out (and att) vectors in
           // registers, eight edges' partial s and dp per lane summed over
           // the head's L lanes by transposing butterflies.
@@ -150,7 +154,7 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
             }
           }
         }
-        for (int it0 = 0; !feature_lanes && (pass == 0 || lean) &&
+        for (int it0 = 0; !lanes_here && (pass == 0 || lean) &&
                           it0 < n_items;
              it0 += 2 * ng) {
           float ps[2], pd[2];

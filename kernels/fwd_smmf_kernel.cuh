@@ -163,8 +163,10 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
             w.p[h * C + e] = sc;
             if (sc_out != nullptr) sc_out[it] = sc;
           }
-        } else if (feature_lanes) {
-          // Lanes over the key row's vectors (one each: H * D = 32 VW),
+        } else if (feature_lanes && (std::is_same_v<T, float> || n >= 8)) {
+          // (half precision: chunks of >= 8 edges; shorter ones keep the
+          // item groups, which the eight-edge steps lose to there)
+          // Lanes over the key row (four features each: H * D = 128),
           // the query (and att) vector in registers, eight edges' partial
           // scores per lane summed over the head's L lanes by a transposing
           // butterfly: no query re-read per item (a third of this loop's

@@ -40,6 +40,9 @@ CASES = [
     # fp32 H * D = 128: the rows pass's key-row lanes
     ('batch', 120, 'dot', torch.float32, 4, 32, 32, False, 150),
     ('batch', 120, 'gatv2', torch.float32, 8, 16, 16, False, None),
+    # ... and in half precision (four features a lane)
+    ('batch', 120, 'gatv2', torch.bfloat16, 1, 128, 128, False, 150),
+    ('batch', 120, 'dot', torch.float16, 4, 32, 32, False, None),
     ('empty', 5, 'dot', torch.float32, 1, 8, 8, False, None),
 ]
 

@@ -41,6 +41,9 @@ CASES = [
     ('dot', torch.float32, 'smmf', 'batch', 4, 32, 32, None),
     ('gatv2', torch.float32, 'smmf', 'batch', 8, 16, 16, None),
     ('dot', torch.float32, 'smmf', 'super', 1, 128, 128, None),
+    # ... and in half precision (four features a lane: 8-byte reads)
+    ('gatv2', torch.bfloat16, 'smmf', 'batch', 8, 16, 16, None),
+    ('gatv2', torch.float16, 'smmf', 'super', 1, 128, 128, None),
     # tensor-core windows (mma fragments, count matrix in shared memory)
     ('dot', torch.bfloat16, 'tc', 'batch', 3, 32, 32, None),
     ('dot', torch.float16, 'tc', 'batch', 1, 128, 128, None),

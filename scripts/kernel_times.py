@@ -1,0 +1,75 @@
+"""GPU time of our kernels per forward + backward of the public op, from the
+profiler (kernel durations, not CUDA events around the call): on small
+graphs a call is host-bound and event timings measure the host, which moves
++-60 % between runs of the same library.
+
+    PYG_DFGNN_LIBRARY=... python scripts/kernel_times.py \
+        [graph:HxF:dtype:kind,...] [--json out.json]
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, 'benchmarks')]
+from graphs import make_dfgraph  # noqa: E402
+
+DTYPES = {'fp32': torch.float32, 'fp16': torch.float16,
+          'bf16': torch.bfloat16}
+DEFAULT = ','.join(f'{g}:{s}:{d}:{k}' for g in ('pubmed-like', 'cora-like',
+                                                 'arxiv-like')
+                   for s in ('1x128', '4x32') for d in ('bf16', 'fp16')
+                   for k in ('dot', 'gatv2'))
+
+
+def main():
+    from pyg_dfgnn.ops import fused_attention
+    p = argparse.ArgumentParser()
+    p.add_argument('cases', nargs='?', default=DEFAULT)
+    p.add_argument('--steps', type=int, default=20)
+    p.add_argument('--json', default=None)
+    args = p.parse_args()
+    dev = torch.device('cuda')
+    rows = []
+    for case in args.cases.split(','):
+        name, shape, dt, kind = case.split(':')
+        h, f = (int(x) for x in shape.split('x'))
+        dtype = DTYPES[dt]
+        graph, _, n = make_dfgraph(name, dev)
+        gen = torch.Generator(device=dev).manual_seed(0)
+        q, k, v = (torch.randn(n, h, f, device=dev, dtype=dtype,
+                               generator=gen).requires_grad_()
+                   for _ in range(3))
+        extra = (torch.randn(h, f, device=dev, dtype=dtype,
+                             generator=gen),) if kind == 'gatv2' else ()
+        grad = torch.randn(n, h, f, device=dev, dtype=dtype, generator=gen)
+
+        def step():
+            out = fused_attention(graph, kind, v, q, k, *extra)
+            out.backward(grad)
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(args.steps):
+                step()
+            torch.cuda.synchronize()
+        per = {}
+        for e in prof.key_averages():
+            if 'pyg_dfgnn' in e.key and e.device_time_total > 0:
+                per[e.key[:60]] = e.device_time_total / args.steps / 1e3
+        total = sum(per.values())
+        rows.append(dict(case=case, ms=total, kernels=per))
+        top = max(per, key=per.get) if per else ''
+        print(f'{case:28s} {total:8.4f} ms  (top: {top[:50]})', flush=True)
+    if args.json:
+        with open(args.json, 'w') as fh:
+            json.dump(rows, fh, indent=1)
+
+
+if __name__ == '__main__':
+    main()
