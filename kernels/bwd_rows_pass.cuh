@@ -25,14 +25,13 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
   const int G = a.item_group, ng = kWarpSize / G;
   const int gi = lane / G, lg = lane % G;
   const unsigned h_magic = ((1u << 20) + H - 1) / H;  // it / H, H <= 128
-  // s and dp with lanes over the key / value rows, four features each,
-  // where each row is one warp's and a head has L >= 4 lanes (as the SMMF
-  // forward, every dtype); not at the all-features level (its registers:
-  // 248 -> 556 bytes of spills)
-  constexpr int FV = 4;
-  const int L = D / FV;
-  const bool feature_lanes = VW > 1 && KIND != kAdd && FEAT != kFeatAll &&
-                             HD_k == kWarpSize * FV && HF == HD_k && L >= 4 &&
+  // s and dp with lanes over the key / value rows where each is one warp
+  // of vectors and a head has L >= 4 of them (as the SMMF forward); not
+  // at the all-features level (its registers: 248 -> 556 bytes of spills)
+  const int L = D / VW;
+  const bool feature_lanes = std::is_same_v<T, float> && VW > 1 &&
+                             KIND != kAdd && FEAT != kFeatAll &&
+                             HD_k == kWarpSize * VW && HF == HD_k && L >= 4 &&
                              (L & (L - 1)) == 0;
   float* lse_h = w.hv;
   float* dsum = w.hv + H;
@@ -101,19 +100,15 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
             w.t[h * C + e] = pt.y;
           }
         }
-        // (half precision: chunks of >= 8 edges; shorter ones keep the
-        // item groups, which the eight-edge steps lose to there)
-        const bool lanes_here =
-            feature_lanes && (std::is_same_v<T, float> || n >= 8);
-        if (lanes_here && (pass == 0 || lean)) {
-          // Lanes over the key / value rows (four features each, as the
+        if (feature_lanes && (pass == 0 || lean)) {
+          // Lanes over the key / value rows (one vector each, as the
           // forward's SDDMM): the query, grad_out (and att) vectors in
           // registers, eight edges' partial s and dp per lane summed over
           // the head's L lanes by transposing butterflies.
-          float qv[FV], ov[FV], av[FV];
-          load_smem<FV>(w.own + lane * FV, qv);
-          load_smem<FV>(w.own2 + lane * FV, ov);
-          if constexpr (KIND == kGatv2) load_smem<FV>(att + lane * FV, av);
+          float qv[VW], ov[VW], av[VW];
+          load_smem<VW>(w.own + lane * VW, qv);
+          load_smem<VW>(w.own2 + lane * VW, ov);
+          if constexpr (KIND == kGatv2) load_smem<VW>(att + lane * VW, av);
           const int h = lane / L;
           for (int e0 = 0; e0 < n; e0 += 8) {
             float vs[8], vd[8];
@@ -126,15 +121,15 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
                 j2 = *reinterpret_cast<const longlong2*>(w.j + e);
               if (e < n) {
                 const OFF jr = (OFF)(b % 2 == 0 ? j2.x : j2.y);
-                float kx[FV], vx[FV];
-                load_vec<T, FV>(kb + jr * HD_k + lane * FV, kx);
-                load_vec<T, FV>(vb + jr * HF + lane * FV, vx);
+                float kx[VW], vx[VW];
+                load_vec<T, VW>(kb + jr * HD_k + lane * VW, kx);
+                load_vec<T, VW>(vb + jr * HF + lane * VW, vx);
                 if (kHasEdgeKV<FEAT> && a.et.ek != nullptr)
-                  add_vec<T, FV>(a.et.ek + (cb + e) * HD_k + lane * FV, kx);
+                  add_vec<T, VW>(a.et.ek + (cb + e) * HD_k + lane * VW, kx);
                 if (kHasEdgeKV<FEAT> && a.et.ev != nullptr)
-                  add_vec<T, FV>(a.et.ev + (cb + e) * HF + lane * FV, vx);
+                  add_vec<T, VW>(a.et.ev + (cb + e) * HF + lane * VW, vx);
 #pragma unroll
-                for (int i = 0; i < FV; ++i) {
+                for (int i = 0; i < VW; ++i) {
                   vs[b] = score_elem<KIND>(qv[i], kx[i], av[i], a.slope,
                                            vs[b]);
                   vd[b] = fmaf(ov[i], vx[i], vd[b]);
@@ -154,7 +149,7 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
             }
           }
         }
-        for (int it0 = 0; !lanes_here && (pass == 0 || lean) &&
+        for (int it0 = 0; !feature_lanes && (pass == 0 || lean) &&
                           it0 < n_items;
              it0 += 2 * ng) {
           float ps[2], pd[2];

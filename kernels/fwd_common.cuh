@@ -75,6 +75,10 @@ constexpr int kSmmfMaxThreads = 1024;  // -> <= 64 registers per thread
 constexpr int kSmmfStagedWarps = 32;  // SMMF block with staging (a window)
 constexpr int kSmmfPlainWarps = 8;    // SMMF block without staging
 constexpr int kSmmfPlainRows = 16;    // rows of such a block
+// Mean in-degree from which half-precision H * D = 128 takes the SDDMM's
+// four-feature lanes (measured, session 26: dense batches -8 to -14 % per
+// fwd + bwd; graphs of mean degree 4-7 slower)
+constexpr int kSmmfLanesMinDegree = 16;
 constexpr int kSmmfMaxHeads = 128;    // SMMF's item -> (edge, head) split
 
 template <typename T, bool VEC>

@@ -178,18 +178,33 @@ void run_smmf(const Launch& L) {
   if (blocks <= 0) return;
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const at::Tensor scores = scores_buffer(L);
+  // Half precision with H * D = 128 on dense graphs: the LANES kernels
+  // (the SDDMM's four-feature lanes, fwd_smmf_kernel.cuh). fp32 takes
+  // those lanes in its one kind of kernel.
+  const bool lanes = !std::is_same_v<scalar_t, float> && L.vec &&
+                     L.kind != kAdd && L.H * L.D == 128 &&
+                     L.n_edges >= kSmmfLanesMinDegree * L.n_dst;
   PYG_DFGNN_DISPATCH_BOOL(L.vec, VEC, [&] {
     auto a = make_args<scalar_t, index_t, VEC>(L);
     if (scores.defined()) a.scores = scores.data_ptr<float>();
     PYG_DFGNN_DISPATCH_KIND(L.kind, [&] {
      PYG_DFGNN_DISPATCH_FEAT(L.feature_level(), KIND == kAdd, KIND == kDot,
                              KIND != kGatv2, FEAT, [&] {
-      auto kernel = smmf_fwd_kernel<scalar_t, KIND, VEC, FEAT>;
-      allow_smem(kernel, bytes);
-      kernel<<<(unsigned)blocks, warps * kWarpSize, bytes, stream>>>(
-          a, windowed ? L.windows.data_ptr<int64_t>() : nullptr,
-          kSmmfPlainRows, (int)span);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      auto go = [&](auto kernel) {
+        allow_smem(kernel, bytes);
+        kernel<<<(unsigned)blocks, warps * kWarpSize, bytes, stream>>>(
+            a, windowed ? L.windows.data_ptr<int64_t>() : nullptr,
+            kSmmfPlainRows, (int)span);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      };
+      if constexpr (VEC && KIND != kAdd &&
+                    !std::is_same_v<scalar_t, float>) {
+        if (lanes) {
+          go(smmf_fwd_kernel<scalar_t, KIND, VEC, FEAT, true>);
+          return;
+        }
+      }
+      go(smmf_fwd_kernel<scalar_t, KIND, VEC, FEAT, false>);
      });
     });
   });

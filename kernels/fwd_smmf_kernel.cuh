@@ -85,7 +85,8 @@ __device__ __forceinline__ void spmm_one_slot(float (&acc)[SLOTS][VW],
 // SDDMM -> online softmax -> SpMM. K / V rows of source j are at
 // kb + (j - lo) * HD_k and vb + (j - lo) * H*F: shared memory for a staged
 // window (OFF = int), global memory otherwise (OFF = int64_t, lo = 0).
-template <typename T, int KIND, int VW, int SLOTS, typename OFF, int FEAT>
+template <typename T, int KIND, int VW, int SLOTS, typename OFF, int FEAT,
+          bool LANES>
 __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
                                           const SmmfWarp& w, int* next,
                                           int64_t r_begin, int64_t r_end,
@@ -105,15 +106,16 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
   const unsigned h_magic = ((1u << 20) + H - 1) / H;  // it / H, H <= 128
   // SDDMM with lanes over the key row, four features each, where the row
   // is exactly a warp's (H * D = 128: 1 x 128, 2 x 64, 4 x 32, 8 x 16) and
-  // a head has L >= 4 lanes; else lane groups per (edge, head) item. Four
-  // features in every dtype (8-byte reads of a half-precision row): the
+  // a head has L >= 4 lanes; else lane groups per (edge, head) item: the
   // query and att stay in registers instead of a shared-memory re-read
-  // per item.
+  // per item. fp32 always; half precision (8-byte reads) only in the LANES
+  // kernels, which the host picks for dense graphs: the path's code costs
+  // the other kernels registers (sparse graphs +3-13 %, NOTES "Session 26").
   constexpr int FV = 4;
   const int L = D / FV;
-  const bool feature_lanes = VW > 1 && KIND != kAdd &&
-                             HD_k == kWarpSize * FV && L >= 4 &&
-                             (L & (L - 1)) == 0;
+  const bool feature_lanes = (std::is_same_v<T, float> || LANES) && VW > 1 &&
+                             KIND != kAdd && HD_k == kWarpSize * FV &&
+                             L >= 4 && (L & (L - 1)) == 0;
 
   // a value row of one vector per lane, p / j aligned for 4-edge reads
   const bool one_slot = slots == kWarpSize && (HD_k & 3) == 0;
@@ -317,7 +319,7 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
 // graph's rows are reused by ~41 edges each); wider windows read global
 // memory. Rows go to warps dynamically (smmf_rows). Any degree fits: nothing
 // is sized by the row length.
-template <typename T, int KIND, bool VEC, int FEAT>
+template <typename T, int KIND, bool VEC, int FEAT, bool LANES>
 __global__ void __launch_bounds__(kSmmfMaxThreads)
     smmf_fwd_kernel(FwdArgs<T, int32_t> a, const int64_t* __restrict__ windows,
                     int rows_per_block, int stage_span) {
@@ -379,10 +381,10 @@ __global__ void __launch_bounds__(kSmmfMaxThreads)
   w.l = w.m + H;
   w.c = w.l + H;
   if (staged)
-    smmf_rows<T, KIND, VW, SLOTS, int, FEAT>(a, w, s_next, r_begin, r_end, s_k, s_v,
+    smmf_rows<T, KIND, VW, SLOTS, int, FEAT, LANES>(a, w, s_next, r_begin, r_end, s_k, s_v,
                                        src_lo, s_att);
   else
-    smmf_rows<T, KIND, VW, SLOTS, int64_t, FEAT>(a, w, s_next, r_begin, r_end, a.k,
+    smmf_rows<T, KIND, VW, SLOTS, int64_t, FEAT, LANES>(a, w, s_next, r_begin, r_end, a.k,
                                            a.v, 0, s_att);
 }
 

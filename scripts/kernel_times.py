@@ -61,7 +61,7 @@ def main():
         per = {}
         for e in prof.key_averages():
             if 'pyg_dfgnn' in e.key and e.device_time_total > 0:
-                per[e.key[:60]] = e.device_time_total / args.steps / 1e3
+                per[e.key] = e.device_time_total / args.steps / 1e3
         total = sum(per.values())
         rows.append(dict(case=case, ms=total, kernels=per))
         top = max(per, key=per.get) if per else ''

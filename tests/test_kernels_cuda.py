@@ -398,3 +398,37 @@ def test_torch_compile_public_op_fullgraph():
     ref, _ = fused_attention_reference(graph, 'gatv2', v, q, k, att, 1.0,
                                        0.2)
     assert rel_err(out, ref) <= 1e-5
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize('kind', ['dot', 'gatv2'])
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize('dense', [True, False])
+def test_half_lanes_kernels_by_density(kind, dtype, dense, monkeypatch):
+    """Half precision, H * D = 128, SMMF: the four-feature-lane kernels
+    (LANES) from a mean in-degree of 16, the item-group ones below; both
+    against the reference."""
+    from torch.profiler import ProfilerActivity, profile
+    monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', '0')  # the block kernels
+    cuda = _cuda()
+    g = torch.Generator().manual_seed(7)
+    n, deg = 64, (24 if dense else 4)
+    src = torch.randint(0, n, (n * deg,), generator=g)
+    dst = torch.arange(n).repeat_interleave(deg)
+    ei = torch.stack([src, dst]).unique(dim=1)
+    graph = DFGraph.from_edge_index(ei.cuda(), size=(n, n))
+    assert (graph.num_edges >= 16 * n) == dense
+    value, query, key, att = make_inputs(kind, n, n, 4, 32, 32, dtype, g,
+                                         False)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        out = cuda.fused_attention_cuda(graph, kind, value, query, key, att,
+                                        0.2, 0.2, strategy='smmf')
+        torch.cuda.synchronize()
+    names = [e.key for e in prof.key_averages() if 'smmf_fwd' in e.key]
+    assert len(names) == 1, names
+    assert names[0].rstrip(')').split('(')[0].endswith(
+        'true>' if dense else 'false>'), names
+    ref, _ = fused_attention_reference(
+        graph, kind, *(t.double() for t in (value, query, key)),
+        None if att is None else att.double(), 0.2, 0.2)
+    assert rel_err(out, ref) <= TOL_OUT[dtype]
