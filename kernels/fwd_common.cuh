@@ -76,8 +76,8 @@ constexpr int kSmmfStagedWarps = 32;  // SMMF block with staging (a window)
 constexpr int kSmmfPlainWarps = 8;    // SMMF block without staging
 constexpr int kSmmfPlainRows = 16;    // rows of such a block
 // Mean in-degree from which half-precision H * D = 128 takes the SDDMM's
-// four-feature lanes (measured, session 26: dense batches -8 to -14 % per
-// fwd + bwd; graphs of mean degree 4-7 slower)
+// four-feature lanes (measured, session 26: the SMMF forward of dense
+// batches -20 to -26 %; graphs of mean degree 4-7 were slower with them)
 constexpr int kSmmfLanesMinDegree = 16;
 constexpr int kSmmfMaxHeads = 128;    // SMMF's item -> (edge, head) split
 

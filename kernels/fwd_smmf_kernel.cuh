@@ -381,11 +381,11 @@ __global__ void __launch_bounds__(kSmmfMaxThreads)
   w.l = w.m + H;
   w.c = w.l + H;
   if (staged)
-    smmf_rows<T, KIND, VW, SLOTS, int, FEAT, LANES>(a, w, s_next, r_begin, r_end, s_k, s_v,
-                                       src_lo, s_att);
+    smmf_rows<T, KIND, VW, SLOTS, int, FEAT, LANES>(
+        a, w, s_next, r_begin, r_end, s_k, s_v, src_lo, s_att);
   else
-    smmf_rows<T, KIND, VW, SLOTS, int64_t, FEAT, LANES>(a, w, s_next, r_begin, r_end, a.k,
-                                           a.v, 0, s_att);
+    smmf_rows<T, KIND, VW, SLOTS, int64_t, FEAT, LANES>(
+        a, w, s_next, r_begin, r_end, a.k, a.v, 0, s_att);
 }
 
 }  // namespace fwd
