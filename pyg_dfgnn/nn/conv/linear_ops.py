@@ -37,6 +37,8 @@ import torch
 from torch import Tensor
 from torch_geometric.nn.dense.linear import is_uninitialized_parameter
 
+from pyg_dfgnn.nn.conv.utils import autocast_dtype
+
 # Columns from which a bias gradient is a GEMV (CUDA): measured, see above.
 COLUMN_SUM_GEMV_MIN_WIDTH = 64
 # Edges from which a step is GPU-bound enough for the node (see above).
@@ -51,13 +53,6 @@ def column_sum(grad: Tensor) -> Tensor:
     return grad.sum(0)
 
 
-def _autocast_dtype(t: Tensor) -> Optional[torch.dtype]:
-    device_type = t.device.type
-    if torch.is_autocast_enabled(device_type):
-        return torch.get_autocast_dtype(device_type)
-    return None
-
-
 class _Linears(torch.autograd.Function):
     """``[x W_k^T + b_k for k]``; ``d x`` accumulated by ``addmm_``."""
     @staticmethod
@@ -66,7 +61,6 @@ class _Linears(torch.autograd.Function):
         weights, biases = params[:count], params[count:]
         ctx.save_for_backward(x, *weights)
         ctx.count = count
-        ctx.has_bias = [b is not None for b in biases]
         return tuple(torch.nn.functional.linear(x, w, b)
                      for w, b in zip(weights, biases))
 
@@ -90,7 +84,7 @@ class _Linears(torch.autograd.Function):
                     else d_x.addmm_(g2, weights[k])
             if need_w[k]:
                 d_w[k] = torch.mm(g2.t(), x2)
-            if need_b[k] and ctx.has_bias[k]:
+            if need_b[k]:  # (False for a None bias)
                 d_b[k] = column_sum(g2)
         if d_x is not None:
             d_x = d_x.view(x.shape)
@@ -119,7 +113,7 @@ def linears(x: Tensor, layers: Sequence[torch.nn.Module],
         return tuple(layer(x) for layer in layers)
     weights = [layer.weight for layer in layers]
     biases = [layer.bias for layer in layers]
-    dtype = _autocast_dtype(x)
+    dtype = autocast_dtype(x)
     if dtype is None:
         return _Linears.apply(x, len(layers), *weights, *biases)
     # autocast casts every input of a linear to its dtype: once here

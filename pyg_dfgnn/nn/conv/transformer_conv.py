@@ -207,23 +207,17 @@ class DFTransformerConv(MessagePassing):
         # The projections of one input in one backward node where that pays
         # (linear_ops)
         num_edges = structure.graph.num_edges
-        x_r: Optional[Tensor] = None
+        skip = [self.lin_skip] if self.root_weight else []
         if x[0] is x[1]:
-            projected = linears(x[0], [self.lin_query, self.lin_key,
-                                       self.lin_value] +
-                                ([self.lin_skip] if self.root_weight else []),
-                                num_edges)
-            query, key, value = projected[:3]
-            if self.root_weight:
-                x_r = projected[3]
+            query, key, value, *skipped = linears(
+                x[0], [self.lin_query, self.lin_key, self.lin_value] + skip,
+                num_edges)
         else:
             key, value = linears(x[0], [self.lin_key, self.lin_value],
                                  num_edges)
-            if self.root_weight:
-                query, x_r = linears(x[1], [self.lin_query, self.lin_skip],
-                                     num_edges)
-            else:
-                query = self.lin_query(x[1])
+            query, *skipped = linears(x[1], [self.lin_query] + skip,
+                                      num_edges)
+        x_r: Optional[Tensor] = skipped[0] if skipped else None
         query = query.view(-1, H, C)
         key = key.view(-1, H, C)
         value = value.view(-1, H, C)

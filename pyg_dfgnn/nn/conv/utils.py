@@ -630,15 +630,24 @@ def attention_weights(structure: EdgeStructure, adj: Any, alpha: Tensor,
     return held, alpha
 
 
+def autocast_dtype(t: Tensor) -> Optional[torch.dtype]:
+    """Autocast's dtype where autocast is on for ``t``'s device, else
+    ``None``."""
+    device_type = t.device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return None
+
+
 def op_dtype(*tensors: Optional[Tensor]) -> torch.dtype:
     """The dtype the fused op runs in: autocast's where autocast is on for
     the tensors' device (the projections then come out in it while the
     attention parameters stay fp32), else the promoted dtype of all."""
     first = tensors[0]
     assert first is not None
-    device_type = first.device.type
-    if torch.is_autocast_enabled(device_type):
-        return torch.get_autocast_dtype(device_type)
+    dtype = autocast_dtype(first)
+    if dtype is not None:
+        return dtype
     dtype = first.dtype
     for t in tensors[1:]:
         if t is not None:
