@@ -120,6 +120,10 @@ constexpr int kStagedWarps = 32;   // warps of a staged (windowed) block
 constexpr int kPlainWarps = 8;     // warps of a plain block
 constexpr int kPlainOwners = 16;   // owners of a plain block
 constexpr int kMaxThreads = 1024;  // -> <= 64 registers per thread
+constexpr int kWideThreads = 512;  // -> <= 128 registers per thread
+// Mean in-degree from which the half-precision rows pass takes the four-
+// feature lanes (LANES kernels), as the SMMF forward (fwd_common.cuh)
+constexpr int kRowsLanesMinDegree = 16;
 constexpr int kMaxHeads = 128;     // item -> (edge, head) magic split
 constexpr int kSegEdges = 256;     // plain blocks: edges per segment of a
                                    // long owner (partials + combine)

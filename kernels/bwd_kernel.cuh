@@ -13,9 +13,11 @@ namespace bwd {
 // or kPlainOwners consecutive owners. With stage_span > 0 a window whose
 // neighbours [lo, hi] number <= stage_span has their rows staged in shared
 // memory once (reused by every edge of the window).
+// WIDE: at most kWideThreads threads (<= 128 registers, no spills) instead
+// of kMaxThreads (<= 64); LANES: the rows pass's half-precision lanes.
 template <typename T, typename I, int KIND, bool VEC, bool COLS, int FEAT,
-          bool LEAN>
-__global__ void __launch_bounds__(kMaxThreads)
+          bool LEAN, bool WIDE, bool LANES>
+__global__ void __launch_bounds__(WIDE ? kWideThreads : kMaxThreads)
     bwd_kernel(BwdArgs<T, I> a, const int64_t* __restrict__ windows,
                int stage_span) {
   constexpr int VW = VEC ? Vec<T>::kWidth : 1;
@@ -121,11 +123,11 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
   } else {
     if (staged)
-      rows_pass<T, I, KIND, VW, SLOTS, int, FEAT>(a, w, s_next, o_begin, o_end, s_a,
-                                            s_b, src_lo, s_att);
+      rows_pass<T, I, KIND, VW, SLOTS, int, FEAT, LANES>(
+          a, w, s_next, o_begin, o_end, s_a, s_b, src_lo, s_att);
     else
-      rows_pass<T, I, KIND, VW, SLOTS, int64_t, FEAT>(a, w, s_next, o_begin, o_end,
-                                                a.nbr_a, a.nbr_b, 0, s_att);
+      rows_pass<T, I, KIND, VW, SLOTS, int64_t, FEAT, LANES>(
+          a, w, s_next, o_begin, o_end, a.nbr_a, a.nbr_b, 0, s_att);
   }
 }
 

@@ -9,7 +9,7 @@ namespace bwd {
 // Owners = destination rows [r_begin, r_end) taken from `next`; K / V rows
 // of source j at kb + (j - lo) * HD_k, vb + (j - lo) * HF.
 template <typename T, typename I, int KIND, int VW, int SLOTS, typename OFF,
-          int FEAT>
+          int FEAT, bool LANES>
 __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
                                           const WarpScratch& w, int* next,
                                           int64_t r_begin, int64_t r_end,
@@ -25,13 +25,17 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
   const int G = a.item_group, ng = kWarpSize / G;
   const int gi = lane / G, lg = lane % G;
   const unsigned h_magic = ((1u << 20) + H - 1) / H;  // it / H, H <= 128
-  // s and dp with lanes over the key / value rows where each is one warp
-  // of vectors and a head has L >= 4 of them (as the SMMF forward); not
-  // at the all-features level (its registers: 248 -> 556 bytes of spills)
-  const int L = D / VW;
-  const bool feature_lanes = std::is_same_v<T, float> && VW > 1 &&
+  // s and dp with lanes over the key / value rows, four features each,
+  // where each row is one warp's and a head has L >= 4 lanes (as the SMMF
+  // forward); fp32 always, half precision (8-byte reads) only in the LANES
+  // kernels (the host picks them for dense graphs: the path's registers
+  // cost sparse graphs, NOTES "Session 26"); not at the all-features level
+  // (its registers: 248 -> 556 bytes of spills)
+  constexpr int FV = 4;
+  const int L = D / FV;
+  const bool feature_lanes = (std::is_same_v<T, float> || LANES) && VW > 1 &&
                              KIND != kAdd && FEAT != kFeatAll &&
-                             HD_k == kWarpSize * VW && HF == HD_k && L >= 4 &&
+                             HD_k == kWarpSize * FV && HF == HD_k && L >= 4 &&
                              (L & (L - 1)) == 0;
   float* lse_h = w.hv;
   float* dsum = w.hv + H;
@@ -105,10 +109,10 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
           // forward's SDDMM): the query, grad_out (and att) vectors in
           // registers, eight edges' partial s and dp per lane summed over
           // the head's L lanes by transposing butterflies.
-          float qv[VW], ov[VW], av[VW];
-          load_smem<VW>(w.own + lane * VW, qv);
-          load_smem<VW>(w.own2 + lane * VW, ov);
-          if constexpr (KIND == kGatv2) load_smem<VW>(att + lane * VW, av);
+          float qv[FV], ov[FV], av[FV];
+          load_smem<FV>(w.own + lane * FV, qv);
+          load_smem<FV>(w.own2 + lane * FV, ov);
+          if constexpr (KIND == kGatv2) load_smem<FV>(att + lane * FV, av);
           const int h = lane / L;
           for (int e0 = 0; e0 < n; e0 += 8) {
             float vs[8], vd[8];
@@ -121,15 +125,15 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
                 j2 = *reinterpret_cast<const longlong2*>(w.j + e);
               if (e < n) {
                 const OFF jr = (OFF)(b % 2 == 0 ? j2.x : j2.y);
-                float kx[VW], vx[VW];
-                load_vec<T, VW>(kb + jr * HD_k + lane * VW, kx);
-                load_vec<T, VW>(vb + jr * HF + lane * VW, vx);
+                float kx[FV], vx[FV];
+                load_vec<T, FV>(kb + jr * HD_k + lane * FV, kx);
+                load_vec<T, FV>(vb + jr * HF + lane * FV, vx);
                 if (kHasEdgeKV<FEAT> && a.et.ek != nullptr)
-                  add_vec<T, VW>(a.et.ek + (cb + e) * HD_k + lane * VW, kx);
+                  add_vec<T, FV>(a.et.ek + (cb + e) * HD_k + lane * FV, kx);
                 if (kHasEdgeKV<FEAT> && a.et.ev != nullptr)
-                  add_vec<T, VW>(a.et.ev + (cb + e) * HF + lane * VW, vx);
+                  add_vec<T, FV>(a.et.ev + (cb + e) * HF + lane * FV, vx);
 #pragma unroll
-                for (int i = 0; i < VW; ++i) {
+                for (int i = 0; i < FV; ++i) {
                   vs[b] = score_elem<KIND>(qv[i], kx[i], av[i], a.slope,
                                            vs[b]);
                   vd[b] = fmaf(ov[i], vx[i], vd[b]);

@@ -88,6 +88,18 @@ def make_graph(kind: str, n: int, gen: torch.Generator):
         src = torch.cat([others, torch.full_like(others, 1), rnd(n, 2 * n)])
         dst = torch.cat([torch.zeros_like(others), others, rnd(n, 2 * n)])
         return torch.stack([src, dst]), n, n
+    if kind in ('dense', 'dense-super'):  # mean in-degree 24 (+ node 0
+        # hearing from every node: a long owner in segments)
+        sizes = torch.randint(40, 60, (max(2, n // 50), ), generator=gen)
+        parts, off = [], 0
+        for s in sizes.tolist():
+            parts.append(torch.stack([rnd(s, 24 * s),
+                                      torch.arange(s).repeat(24)]) + off)
+            off += s
+        if kind == 'dense-super':
+            parts.append(torch.stack([torch.arange(off),
+                                      torch.zeros(off, dtype=torch.long)]))
+        return torch.cat(parts, 1), off, off
     if kind == 'batch':  # small dense-ish graphs: the staged path
         sizes = torch.randint(5, 60, (max(2, n // 30), ), generator=gen)
         parts, off = [], 0
@@ -259,3 +271,28 @@ def test_backward_with_row_and_col_windows(kind, dtype, H, F):
     errs = run_case('batch', 600, kind, dtype, H, F, F, stage=150,
                     seed=zlib.crc32(repr(('staged', kind, H, F)).encode()))
     assert all(e <= TOL[dtype] for e in errs.values()), errs
+
+
+@pytest.mark.parametrize('kind', ['dot', 'gatv2'])
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize('H,F', [(1, 128), (4, 32)])
+@pytest.mark.parametrize('gkind,stage', [('dense', 150), ('dense-super', None),
+                                         ('random', None)])
+def test_rows_pass_half_lanes_by_density(kind, dtype, H, F, gkind, stage,
+                                         monkeypatch):
+    """Half precision, H * D = 128: the rows pass's four-feature-lane
+    kernels (LANES) from a mean in-degree of 16 (staged windows, plain
+    blocks with a long owner in segments), the item groups below; both
+    against the reference."""
+    from torch.profiler import ProfilerActivity, profile
+    monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', '0')  # the block kernels
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        errs = run_case(gkind, 900, kind, dtype, H, F, F, stage=stage,
+                        seed=zlib.crc32(repr((gkind, kind, H)).encode()))
+    assert all(e <= TOL[dtype] for e in errs.values()), errs
+    args = [e.key.split('(', 1)[0].split('<', 1)[1].rsplit('>', 1)[0]
+            .split(', ') for e in prof.key_averages()
+            if 'bwd::bwd_kernel<' in e.key]
+    rows = [a for a in args if a[4] == 'false']  # COLS
+    lanes = 'false' if gkind == 'random' else 'true'
+    assert rows and all(a[-1] == lanes for a in rows), args
