@@ -122,7 +122,9 @@ constexpr int kPlainOwners = 16;   // owners of a plain block
 constexpr int kMaxThreads = 1024;  // -> <= 64 registers per thread
 constexpr int kWideThreads = 512;  // -> <= 128 registers per thread
 // Mean in-degree from which the half-precision rows pass takes the four-
-// feature lanes (LANES kernels), as the SMMF forward (fwd_common.cuh)
+// feature lanes (LANES kernels, as the SMMF forward's kSmmfLanesMinDegree):
+// pattern- / cluster-like gatv2 1 x 128 rows pass -14 %; the path's
+// registers would cost sparse graphs (NOTES "Session 26", "Session 27").
 constexpr int kRowsLanesMinDegree = 16;
 constexpr int kMaxHeads = 128;     // item -> (edge, head) magic split
 constexpr int kSegEdges = 256;     // plain blocks: edges per segment of a
@@ -130,6 +132,14 @@ constexpr int kSegEdges = 256;     // plain blocks: edges per segment of a
 constexpr int kUnrollRows = 4;     // neighbour rows in flight per lane
 constexpr int kUnrollCols = 2;     // (cols: two vectors per edge live)
 constexpr int kWarpEdges = 4;      // edges per step, for_chunk_warp_edges
+// Passes whose blocks hold at most kWideThreads threads (<= 128 registers)
+// instead of kMaxThreads (<= 64): the half-precision gatv2 cols pass spilled
+// 370-630 bytes per thread at 64 and runs 7-40 % faster without (NOTES
+// "Session 27"); every other pass measured slower with half the warps
+// (fp32 'dot' cols +10-18 %, rows passes +6-20 %, fp32 gatv2 cols +-5 %).
+template <typename T, int KIND, bool COLS>
+inline constexpr bool kWideBlock =
+    COLS && KIND == kGatv2 && !std::is_same_v<T, float>;
 
 // The feature accumulation with every lane on each edge (group ==
 // kWarpSize) takes for_chunk_warp_edges -- not at the all-features level:

@@ -13,11 +13,12 @@ namespace bwd {
 // or kPlainOwners consecutive owners. With stage_span > 0 a window whose
 // neighbours [lo, hi] number <= stage_span has their rows staged in shared
 // memory once (reused by every edge of the window).
-// WIDE: at most kWideThreads threads (<= 128 registers, no spills) instead
-// of kMaxThreads (<= 64); LANES: the rows pass's half-precision lanes.
+// LANES: the rows pass's half-precision four-feature lanes (the host picks
+// them for dense graphs).
 template <typename T, typename I, int KIND, bool VEC, bool COLS, int FEAT,
-          bool LEAN, bool WIDE, bool LANES>
-__global__ void __launch_bounds__(WIDE ? kWideThreads : kMaxThreads)
+          bool LEAN, bool LANES>
+__global__ void __launch_bounds__(kWideBlock<T, KIND, COLS> ? kWideThreads
+                                                            : kMaxThreads)
     bwd_kernel(BwdArgs<T, I> a, const int64_t* __restrict__ windows,
                int stage_span) {
   constexpr int VW = VEC ? Vec<T>::kWidth : 1;

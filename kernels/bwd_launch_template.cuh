@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <cstring>
 
 #include "bwd_common.cuh"
 #include "bwd_kernel.cuh"
@@ -56,13 +55,14 @@ namespace detail {
 // One pass's launch: staged windows when given (and the layout fits), else
 // plain blocks; warps halved while the per-warp scratch does not fit.
 template <typename T, typename I, int KIND, bool VEC, bool COLS, int FEAT,
-          bool LEAN, bool WIDE, bool LANES>
+          bool LEAN, bool LANES>
 void launch(const BwdArgs<T, I>& args, const at::Tensor& ptr,
             int64_t n_edges, int64_t max_degree, const at::Tensor& windows,
             int64_t stage_nodes, int optin, at::Tensor* att_part,
             const at::TensorOptions& fopt) {
-  auto kernel = bwd_kernel<T, I, KIND, VEC, COLS, FEAT, LEAN, WIDE, LANES>;
-  constexpr int kStaged = WIDE ? kWideThreads / kWarpSize : kStagedWarps;
+  auto kernel = bwd_kernel<T, I, KIND, VEC, COLS, FEAT, LEAN, LANES>;
+  constexpr int kStaged = kWideBlock<T, KIND, COLS> ? kWideThreads / kWarpSize
+                                                    : kStagedWarps;
   const int H = args.H, D = args.D;
   const int HD_k = KIND == kAdd ? H : H * D, HF = H * args.F;
   const int HD_att = KIND == kGatv2 ? H * D : 0;
@@ -170,13 +170,6 @@ inline double store_limit_bytes() {
   return mb * 1024.0 * 1024.0;
 }
 
-// PYG_DFGNN_BWD_WIDE (experiment, read per call): 'r' / 'c' in it -> the
-// rows / cols pass's WIDE kernels; PYG_DFGNN_BWD_LANES=0 -> no LANES.
-inline bool env_has(const char* name, char c) {
-  const char* env = std::getenv(name);
-  return env != nullptr && std::strchr(env, c) != nullptr;
-}
-
 template <typename T, typename I, int KIND, bool VEC, int FEAT>
 void run_passes(Args& A, int optin) {
   const int64_t n_dst = A.rowptr.size(0) - 1, n_src = A.colptr.size(0) - 1;
@@ -240,35 +233,24 @@ void run_passes(Args& A, int optin) {
   r.grad_a = A.grad_query.data_ptr<T>();
   r.n_owner = n_dst;
   r.group = std::min(32, next_pow2(std::max(1, slots_k)));
-  constexpr bool kWideOk = VEC && std::is_same_v<I, int32_t>;
-  constexpr bool kLanesOk = kWideOk && !std::is_same_v<T, float> &&
-                            KIND != kAdd && FEAT != kFeatAll;
-  const bool wide_rows = env_has("PYG_DFGNN_BWD_WIDE", 'r');
-  const bool wide_cols = env_has("PYG_DFGNN_BWD_WIDE", 'c');
-  const bool rows_lanes = !env_has("PYG_DFGNN_BWD_LANES", '0') &&
-                          H * D == 128 && H * F == 128 &&
+  // Half precision at H * D = 128 on dense graphs: the LANES kernels
+  // (instantiated for the staged path's int32 indices and vector rows)
+  constexpr bool kLanesOk = VEC && std::is_same_v<I, int32_t> &&
+                            !std::is_same_v<T, float> && KIND != kAdd &&
+                            FEAT != kFeatAll;
+  const bool rows_lanes = H * D == 128 && H * F == 128 &&
                           E >= kRowsLanesMinDegree * n_dst;
-  auto rows = [&](auto wide, auto lanes_k) {
-    launch<T, I, KIND, VEC, false, FEAT, false, decltype(wide)::value,
-           decltype(lanes_k)::value>(r, A.rowptr, E, A.max_in_degree,
-                                     A.windows, A.stage_nodes, optin,
-                                     nullptr, fopt);
+  auto rows = [&](auto lanes_k) {
+    launch<T, I, KIND, VEC, false, FEAT, false, decltype(lanes_k)::value>(
+        r, A.rowptr, E, A.max_in_degree, A.windows, A.stage_nodes, optin,
+        nullptr, fopt);
   };
-  using t_ = std::true_type;
-  using f_ = std::false_type;
-  if (short_rows) {
+  if (short_rows)
     launch_short<T, I, KIND, VEC, FEAT, false>(r, lanes);
-  } else if constexpr (kLanesOk) {
-    if (rows_lanes && wide_rows) rows(t_{}, t_{});
-    else if (rows_lanes) rows(f_{}, t_{});
-    else if (wide_rows) rows(t_{}, f_{});
-    else rows(f_{}, f_{});
-  } else if constexpr (kWideOk) {
-    if (wide_rows) rows(t_{}, f_{});
-    else rows(f_{}, f_{});
-  } else {
-    rows(f_{}, f_{});
-  }
+  else if (kLanesOk && rows_lanes)
+    rows(std::bool_constant<kLanesOk>{});
+  else
+    rows(std::false_type{});
   // cols pass: grad_key, grad_value, d att partials
   BwdArgs<T, I> c = a;
   c.ptr = A.colptr.data_ptr<int64_t>();
@@ -291,19 +273,11 @@ void run_passes(Args& A, int optin) {
     launch_short<T, I, KIND, VEC, FEAT, true>(c, lanes);
     return;
   }
-  auto cols = [&](auto lean_k, auto wide) {
-    launch<T, I, KIND, VEC, true, FEAT, decltype(lean_k)::value,
-           decltype(wide)::value, false>(
+  PYG_DFGNN_DISPATCH_BOOL(lean, LEAN, [&] {
+    launch<T, I, KIND, VEC, true, FEAT, LEAN, false>(
         c, A.colptr, E, A.max_out_degree, A.col_windows, A.col_stage_nodes,
         optin, KIND == kGatv2 ? &att_part : nullptr, fopt);
-  };
-  if (lean) cols(t_{}, f_{});
-  else if constexpr (kWideOk) {
-    if (wide_cols) cols(f_{}, t_{});
-    else cols(f_{}, f_{});
-  } else {
-    cols(f_{}, f_{});
-  }
+  });
   if (KIND == kGatv2) A.grad_att.copy_(att_part.sum(0).view({H, D}));
 }
 

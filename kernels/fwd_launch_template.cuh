@@ -179,10 +179,10 @@ void run_smmf(const Launch& L) {
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const at::Tensor scores = scores_buffer(L);
   // Half precision with H * D = 128 on dense graphs: the LANES kernels
-  // (the SDDMM's four-feature lanes, fwd_smmf_kernel.cuh). fp32 takes
-  // those lanes in its one kind of kernel.
-  const bool lanes = !std::is_same_v<scalar_t, float> && L.vec &&
-                     L.kind != kAdd && L.H * L.D == 128 &&
+  // (the SDDMM's four-feature lanes, fwd_smmf_kernel.cuh; instantiated for
+  // vector rows and kinds with a key row). fp32 takes those lanes in its
+  // one kind of kernel.
+  const bool dense = L.H * L.D == 128 &&
                      L.n_edges >= kSmmfLanesMinDegree * L.n_dst;
   PYG_DFGNN_DISPATCH_BOOL(L.vec, VEC, [&] {
     auto a = make_args<scalar_t, index_t, VEC>(L);
@@ -197,14 +197,12 @@ void run_smmf(const Launch& L) {
             kSmmfPlainRows, (int)span);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       };
-      if constexpr (VEC && KIND != kAdd &&
-                    !std::is_same_v<scalar_t, float>) {
-        if (lanes) {
-          go(smmf_fwd_kernel<scalar_t, KIND, VEC, FEAT, true>);
-          return;
-        }
-      }
-      go(smmf_fwd_kernel<scalar_t, KIND, VEC, FEAT, false>);
+      constexpr bool kLanesOk =
+          VEC && KIND != kAdd && !std::is_same_v<scalar_t, float>;
+      if (kLanesOk && dense)
+        go(smmf_fwd_kernel<scalar_t, KIND, VEC, FEAT, kLanesOk>);
+      else
+        go(smmf_fwd_kernel<scalar_t, KIND, VEC, FEAT, false>);
      });
     });
   });

@@ -165,9 +165,7 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
             w.p[h * C + e] = sc;
             if (sc_out != nullptr) sc_out[it] = sc;
           }
-        } else if (feature_lanes && (std::is_same_v<T, float> || n >= 8)) {
-          // (half precision: chunks of >= 8 edges; shorter ones keep the
-          // item groups, which the eight-edge steps lose to there)
+        } else if (feature_lanes) {
           // Lanes over the key row (four features each: H * D = 128),
           // the query (and att) vector in registers, eight edges' partial
           // scores per lane summed over the head's L lanes by a transposing

@@ -4,7 +4,10 @@ graphs a call is host-bound and event timings measure the host, which moves
 +-60 % between runs of the same library.
 
     PYG_DFGNN_LIBRARY=... python scripts/kernel_times.py \
-        [graph:HxF:dtype:kind,...] [--json out.json]
+        [graph:HxF:dtype:kind[:dropout],...] [--json out.json]
+
+kind 'add' takes [N, H] node scores; dropout (default 0) trains with that
+attention dropout.
 """
 import argparse
 import json
@@ -36,20 +39,23 @@ def main():
     dev = torch.device('cuda')
     rows = []
     for case in args.cases.split(','):
-        name, shape, dt, kind = case.split(':')
+        name, shape, dt, kind, *drop = case.split(':')
+        p_drop = float(drop[0]) if drop else 0.0
         h, f = (int(x) for x in shape.split('x'))
         dtype = DTYPES[dt]
         graph, _, n = make_dfgraph(name, dev)
         gen = torch.Generator(device=dev).manual_seed(0)
-        q, k, v = (torch.randn(n, h, f, device=dev, dtype=dtype,
+        qk_shape = (n, h) if kind == 'add' else (n, h, f)
+        q, k, v = (torch.randn(*shape_, device=dev, dtype=dtype,
                                generator=gen).requires_grad_()
-                   for _ in range(3))
+                   for shape_ in (qk_shape, qk_shape, (n, h, f)))
         extra = (torch.randn(h, f, device=dev, dtype=dtype,
                              generator=gen),) if kind == 'gatv2' else ()
         grad = torch.randn(n, h, f, device=dev, dtype=dtype, generator=gen)
 
         def step():
-            out = fused_attention(graph, kind, v, q, k, *extra)
+            out = fused_attention(graph, kind, v, q, k, *extra,
+                                  dropout=p_drop, training=p_drop > 0)
             out.backward(grad)
         for _ in range(3):
             step()

@@ -43,6 +43,10 @@ CASES = [
     # ... and in half precision (four features a lane)
     ('batch', 120, 'gatv2', torch.bfloat16, 1, 128, 128, False, 150),
     ('batch', 120, 'dot', torch.float16, 4, 32, 32, False, None),
+    # ... on dense graphs (mean in-degree >= 16): the rows pass's LANES
+    # kernels, staged and in segments of a long owner
+    ('dense', 120, 'gatv2', torch.bfloat16, 1, 128, 128, False, 150),
+    ('dense-super', 120, 'dot', torch.float16, 4, 32, 32, False, None),
     ('empty', 5, 'dot', torch.float32, 1, 8, 8, False, None),
 ]
 
