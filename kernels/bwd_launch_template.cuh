@@ -233,12 +233,13 @@ void run_passes(Args& A, int optin) {
   r.grad_a = A.grad_query.data_ptr<T>();
   r.n_owner = n_dst;
   r.group = std::min(32, next_pow2(std::max(1, slots_k)));
-  // Half precision at H * D = 128 on dense graphs: the LANES kernels
-  // (instantiated for the staged path's int32 indices and vector rows)
+  // 'add' and half precision at H * F = 128 on dense graphs: the LANES
+  // kernels (instantiated for the staged path's int32 indices and vector
+  // rows)
   constexpr bool kLanesOk = VEC && std::is_same_v<I, int32_t> &&
-                            !std::is_same_v<T, float> && KIND != kAdd &&
+                            (KIND == kAdd || !std::is_same_v<T, float>) &&
                             FEAT != kFeatAll;
-  const bool rows_lanes = H * D == 128 && H * F == 128 &&
+  const bool rows_lanes = H * F == 128 && (KIND == kAdd || H * D == 128) &&
                           E >= kRowsLanesMinDegree * n_dst;
   auto rows = [&](auto lanes_k) {
     launch<T, I, KIND, VEC, false, FEAT, false, decltype(lanes_k)::value>(

@@ -27,16 +27,17 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
   const unsigned h_magic = ((1u << 20) + H - 1) / H;  // it / H, H <= 128
   // s and dp with lanes over the key / value rows, four features each,
   // where each row is one warp's and a head has L >= 4 lanes (as the SMMF
-  // forward); fp32 always, half precision (8-byte reads) only in the LANES
-  // kernels (the host picks them for dense graphs: the path's registers
-  // cost sparse graphs, NOTES "Session 26"); not at the all-features level
-  // (its registers: 248 -> 556 bytes of spills)
+  // forward; 'add' forms dp only): fp32 'dot' / 'gatv2' always, 'add' and
+  // half precision only in the LANES kernels (the host picks them for
+  // dense graphs: the path's registers cost sparse graphs, NOTES "Session
+  // 26"); not at the all-features level (its registers: 248 -> 556 bytes
+  // of spills)
   constexpr int FV = 4;
-  const int L = D / FV;
-  const bool feature_lanes = (std::is_same_v<T, float> || LANES) && VW > 1 &&
-                             KIND != kAdd && FEAT != kFeatAll &&
-                             HD_k == kWarpSize * FV && HF == HD_k && L >= 4 &&
-                             (L & (L - 1)) == 0;
+  const int L = (KIND == kAdd ? F : D) / FV;
+  const bool feature_lanes =
+      ((std::is_same_v<T, float> && KIND != kAdd) || LANES) && VW > 1 &&
+      FEAT != kFeatAll && HF == kWarpSize * FV &&
+      (KIND == kAdd || HD_k == HF) && L >= 4 && (L & (L - 1)) == 0;
   float* lse_h = w.hv;
   float* dsum = w.hv + H;
   float* add_a = w.hv + 2 * H;
@@ -110,7 +111,7 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
           // registers, eight edges' partial s and dp per lane summed over
           // the head's L lanes by transposing butterflies.
           float qv[FV], ov[FV], av[FV];
-          load_smem<FV>(w.own + lane * FV, qv);
+          if constexpr (KIND != kAdd) load_smem<FV>(w.own + lane * FV, qv);
           load_smem<FV>(w.own2 + lane * FV, ov);
           if constexpr (KIND == kGatv2) load_smem<FV>(att + lane * FV, av);
           const int h = lane / L;
@@ -126,22 +127,29 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
               if (e < n) {
                 const OFF jr = (OFF)(b % 2 == 0 ? j2.x : j2.y);
                 float kx[FV], vx[FV];
-                load_vec<T, FV>(kb + jr * HD_k + lane * FV, kx);
+                if constexpr (KIND != kAdd)
+                  load_vec<T, FV>(kb + jr * HD_k + lane * FV, kx);
                 load_vec<T, FV>(vb + jr * HF + lane * FV, vx);
-                if (kHasEdgeKV<FEAT> && a.et.ek != nullptr)
+                if (KIND != kAdd && kHasEdgeKV<FEAT> && a.et.ek != nullptr)
                   add_vec<T, FV>(a.et.ek + (cb + e) * HD_k + lane * FV, kx);
                 if (kHasEdgeKV<FEAT> && a.et.ev != nullptr)
                   add_vec<T, FV>(a.et.ev + (cb + e) * HF + lane * FV, vx);
 #pragma unroll
                 for (int i = 0; i < FV; ++i) {
-                  vs[b] = score_elem<KIND>(qv[i], kx[i], av[i], a.slope,
-                                           vs[b]);
+                  if constexpr (KIND != kAdd)
+                    vs[b] = score_elem<KIND>(qv[i], kx[i], av[i], a.slope,
+                                             vs[b]);
                   vd[b] = fmaf(ov[i], vx[i], vd[b]);
                 }
               }
             }
-            const int k = transpose_sum8(vs, L);
-            transpose_sum8(vd, L);
+            int k;
+            if constexpr (KIND != kAdd) {
+              k = transpose_sum8(vs, L);
+              transpose_sum8(vd, L);
+            } else {
+              k = transpose_sum8(vd, L);  // ('add': its score comes later)
+            }
             const int eb = e0 + transpose8_item(lane, L);
 #pragma unroll
             for (int i = 0; i < 2; ++i) {

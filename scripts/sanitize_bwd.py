@@ -44,9 +44,12 @@ CASES = [
     ('batch', 120, 'gatv2', torch.bfloat16, 1, 128, 128, False, 150),
     ('batch', 120, 'dot', torch.float16, 4, 32, 32, False, None),
     # ... on dense graphs (mean in-degree >= 16): the rows pass's LANES
-    # kernels, staged and in segments of a long owner
+    # kernels (half precision; 'add' in every dtype), staged and in
+    # segments of a long owner
     ('dense', 120, 'gatv2', torch.bfloat16, 1, 128, 128, False, 150),
     ('dense-super', 120, 'dot', torch.float16, 4, 32, 32, False, None),
+    ('dense', 120, 'add', torch.float32, 8, 16, 16, False, 150),
+    ('dense-super', 120, 'add', torch.bfloat16, 1, 128, 128, False, None),
     ('empty', 5, 'dot', torch.float32, 1, 8, 8, False, None),
 ]
 

@@ -273,17 +273,19 @@ def test_backward_with_row_and_col_windows(kind, dtype, H, F):
     assert all(e <= TOL[dtype] for e in errs.values()), errs
 
 
-@pytest.mark.parametrize('kind', ['dot', 'gatv2'])
-@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize('kind,dtype', [
+    ('dot', torch.bfloat16), ('dot', torch.float16),
+    ('gatv2', torch.bfloat16), ('gatv2', torch.float16),
+    ('add', torch.float32), ('add', torch.bfloat16)])
 @pytest.mark.parametrize('H,F', [(1, 128), (4, 32)])
 @pytest.mark.parametrize('gkind,stage', [('dense', 150), ('dense-super', None),
                                          ('random', None)])
-def test_rows_pass_half_lanes_by_density(kind, dtype, H, F, gkind, stage,
-                                         monkeypatch):
-    """Half precision, H * D = 128: the rows pass's four-feature-lane
-    kernels (LANES) from a mean in-degree of 16 (staged windows, plain
-    blocks with a long owner in segments), the item groups below; both
-    against the reference."""
+def test_rows_pass_lanes_by_density(kind, dtype, H, F, gkind, stage,
+                                    monkeypatch):
+    """H * F = 128, 'add' in every dtype and half precision in every kind:
+    the rows pass's four-feature-lane kernels (LANES) from a mean in-degree
+    of 16 (staged windows, plain blocks with a long owner in segments), the
+    item groups below; both against the reference."""
     from torch.profiler import ProfilerActivity, profile
     monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', '0')  # the block kernels
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
