@@ -13,8 +13,8 @@ namespace bwd {
 // or kPlainOwners consecutive owners. With stage_span > 0 a window whose
 // neighbours [lo, hi] number <= stage_span has their rows staged in shared
 // memory once (reused by every edge of the window).
-// LANES: the rows pass's half-precision four-feature lanes (the host picks
-// them for dense graphs).
+// LANES: the rows pass's four-feature lanes for 'add' (every dtype) and
+// half precision (every kind); the host picks them for dense graphs.
 template <typename T, typename I, int KIND, bool VEC, bool COLS, int FEAT,
           bool LEAN, bool LANES>
 __global__ void __launch_bounds__(kWideBlock<T, KIND, COLS> ? kWideThreads
