@@ -1,9 +1,10 @@
-"""Same-library A/B of kernel variants that environment variables select:
+"""A/B of kernel variants that environment variables select (another
+library through PYG_DFGNN_LIBRARY, or a knob such as PYG_DFGNN_SHORT_ROWS):
 `scripts/kernel_times.py` once per variant (a fresh process each, rounds
 interleaved), then per case the GPU time of the backward's rows / cols
 passes and of everything, per variant.
 
-    python scripts/env_ab.py 'base:PYG_DFGNN_BWD_LANES=0' 'wide:PYG_DFGNN_BWD_WIDE=rc' \
+    python scripts/env_ab.py 'old:PYG_DFGNN_LIBRARY=/tmp/old.so' 'new:' \
         --cases pattern-like:1x128:bf16:gatv2,... [--rounds 2] [--json out.json]
 """
 import argparse
@@ -18,9 +19,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def part_of(kernel: str) -> str:
-    if 'bwd::bwd_kernel<' in kernel or 'short_' in kernel:
+    """'rows' / 'cols' for the backward's passes (block or short-owner
+    kernels), 'other' for the rest."""
+    if 'bwd::bwd_kernel<' in kernel:  # <T, I, KIND, VEC, COLS, ...>
         cols = kernel.split('(', 1)[0].split('<', 1)[1].split(', ')[4]
         return 'cols' if cols == 'true' else 'rows'
+    if 'short_rows_bwd_kernel' in kernel:
+        return 'rows'
+    if 'short_cols_bwd_kernel' in kernel:
+        return 'cols'
     return 'other'
 
 
