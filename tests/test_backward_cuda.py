@@ -287,13 +287,13 @@ def test_rows_pass_lanes_by_density(kind, dtype, H, F, gkind, stage,
     of 16 (staged windows, plain blocks with a long owner in segments), the
     item groups below; both against the reference."""
     from torch.profiler import ProfilerActivity, profile
+    from test_kernels_cuda import template_args
     monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', '0')  # the block kernels
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         errs = run_case(gkind, 900, kind, dtype, H, F, F, stage=stage,
                         seed=zlib.crc32(repr((gkind, kind, H)).encode()))
     assert all(e <= TOL[dtype] for e in errs.values()), errs
-    args = [e.key.split('(', 1)[0].split('<', 1)[1].rsplit('>', 1)[0]
-            .split(', ') for e in prof.key_averages()
+    args = [template_args(e.key) for e in prof.key_averages()
             if 'bwd::bwd_kernel<' in e.key]
     rows = [a for a in args if a[4] == 'false']  # COLS
     lanes = 'false' if gkind == 'random' else 'true'

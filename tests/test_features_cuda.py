@@ -17,7 +17,8 @@ import torch
 
 from pyg_dfgnn.graph import DFGraph
 from pyg_dfgnn.ops.reference import fused_attention_reference
-from test_kernels_cuda import poison_allocator, random_graph, rel_err
+from test_kernels_cuda import (poison_allocator, random_graph, rel_err,
+                               template_args)
 
 pytestmark = pytest.mark.cuda
 
@@ -30,11 +31,6 @@ EDGE_TERMS = {'add': ('es', 'es+ev'),
               'dot': ('ek', 'ev', 'kv', 'ek+ev', 'es', 'es+ev'),
               'gatv2': ('ek', 'ek+ev')}
 
-
-
-def template_args(name: str) -> list:
-    """The template arguments of a kernel's profiler name."""
-    return name.split('(', 1)[0].split('<', 1)[1].rsplit('>', 1)[0].split(', ')
 
 
 def smmf_level(name: str) -> int:

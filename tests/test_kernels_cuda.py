@@ -97,6 +97,11 @@ def make_inputs(kind, n_src, n_dst, heads, d, f, dtype, gen, grad):
     return value, query, key, att
 
 
+def template_args(name: str) -> list:
+    """The template arguments of a kernel's profiler name."""
+    return name.split('(', 1)[0].split('<', 1)[1].rsplit('>', 1)[0].split(', ')
+
+
 def rel_err(a, b, floor: float = 0.0):
     """||a - b|| / max(||b||, floor * sqrt(numel)): relative, with an
     absolute floor for results that are ~0 (e.g. d score of a one-edge row,
