@@ -40,12 +40,12 @@ CASES = [
     # fp32 H * D = 128: the rows pass's key-row lanes
     ('batch', 120, 'dot', torch.float32, 4, 32, 32, False, 150),
     ('batch', 120, 'gatv2', torch.float32, 8, 16, 16, False, None),
-    # ... and in half precision (four features a lane)
+    # ... in half precision the item groups below a mean in-degree of 16
     ('batch', 120, 'gatv2', torch.bfloat16, 1, 128, 128, False, 150),
     ('batch', 120, 'dot', torch.float16, 4, 32, 32, False, None),
-    # ... on dense graphs (mean in-degree >= 16): the rows pass's LANES
-    # kernels (half precision; 'add' in every dtype), staged and in
-    # segments of a long owner
+    # ... and on dense graphs the rows pass's LANES kernels (half
+    # precision; 'add' in every dtype), staged and in segments of a long
+    # owner
     ('dense', 120, 'gatv2', torch.bfloat16, 1, 128, 128, False, 150),
     ('dense-super', 120, 'dot', torch.float16, 4, 32, 32, False, None),
     ('dense', 120, 'add', torch.float32, 8, 16, 16, False, 150),

@@ -41,9 +41,12 @@ CASES = [
     ('dot', torch.float32, 'smmf', 'batch', 4, 32, 32, None),
     ('gatv2', torch.float32, 'smmf', 'batch', 8, 16, 16, None),
     ('dot', torch.float32, 'smmf', 'super', 1, 128, 128, None),
-    # ... and in half precision (four features a lane: 8-byte reads)
+    # ... in half precision the item groups below a mean in-degree of 16,
+    # the LANES kernels (four features a lane: 8-byte reads) above it
     ('gatv2', torch.bfloat16, 'smmf', 'batch', 8, 16, 16, None),
     ('gatv2', torch.float16, 'smmf', 'super', 1, 128, 128, None),
+    ('gatv2', torch.bfloat16, 'smmf', 'dense', 1, 128, 128, None),
+    ('dot', torch.float16, 'smmf', 'dense', 4, 32, 32, None),
     # tensor-core windows (mma fragments, count matrix in shared memory)
     ('dot', torch.bfloat16, 'tc', 'batch', 3, 32, 32, None),
     ('dot', torch.float16, 'tc', 'batch', 1, 128, 128, None),
