@@ -70,6 +70,7 @@
 
 #include <cstdint>
 
+#include "feature_lanes.cuh"
 #include "numeric.cuh"
 #include "ops.h"
 #include "row_tiles.cuh"
@@ -121,12 +122,6 @@ constexpr int kPlainWarps = 8;     // warps of a plain block
 constexpr int kPlainOwners = 16;   // owners of a plain block
 constexpr int kMaxThreads = 1024;  // -> <= 64 registers per thread
 constexpr int kWideThreads = 512;  // -> <= 128 registers per thread
-// Mean in-degree from which the rows pass takes the four-feature lanes in
-// 'add' and half precision (LANES kernels, as the SMMF forward's
-// kSmmfLanesMinDegree): pattern- / cluster-like 1 x 128 rows pass gatv2
-// bf16 -14 %, 'add' fp32 -8 %; the path's registers would cost sparse
-// graphs (NOTES "Session 26", "Session 27").
-constexpr int kRowsLanesMinDegree = 16;
 constexpr int kMaxHeads = 128;     // item -> (edge, head) magic split
 constexpr int kSegEdges = 256;     // plain blocks: edges per segment of a
                                    // long owner (partials + combine)

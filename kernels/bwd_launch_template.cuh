@@ -239,8 +239,9 @@ void run_passes(Args& A, int optin) {
   constexpr bool kLanesOk = VEC && std::is_same_v<I, int32_t> &&
                             (KIND == kAdd || !std::is_same_v<T, float>) &&
                             FEAT != kFeatAll;
-  const bool rows_lanes = H * F == 128 && (KIND == kAdd || H * D == 128) &&
-                          E >= kRowsLanesMinDegree * n_dst;
+  const bool rows_lanes =
+      feature_lanes_fit(H * F, KIND == kAdd ? F : D) &&
+      (KIND == kAdd || H * D == H * F) && lanes_dense_graph(E, n_dst);
   auto rows = [&](auto lanes_k) {
     launch<T, I, KIND, VEC, false, FEAT, false, decltype(lanes_k)::value>(
         r, A.rowptr, E, A.max_in_degree, A.windows, A.stage_nodes, optin,

@@ -25,19 +25,18 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
   const int G = a.item_group, ng = kWarpSize / G;
   const int gi = lane / G, lg = lane % G;
   const unsigned h_magic = ((1u << 20) + H - 1) / H;  // it / H, H <= 128
-  // s and dp with lanes over the key / value rows, four features each,
-  // where each row is one warp's and a head has L >= 4 lanes (as the SMMF
-  // forward; 'add' forms dp only): fp32 'dot' / 'gatv2' always, 'add' and
-  // half precision only in the LANES kernels (the host picks them for
-  // dense graphs: the path's registers cost sparse graphs, NOTES "Session
-  // 26"); not at the all-features level (its registers: 248 -> 556 bytes
-  // of spills)
-  constexpr int FV = 4;
+  // s and dp with the four-feature lanes over the key / value rows
+  // (feature_lanes.cuh; 'add' forms dp only): fp32 'dot' / 'gatv2' always,
+  // 'add' and half precision only in the LANES kernels (the host picks
+  // them for dense graphs: the path's registers cost sparse graphs, NOTES
+  // "Session 26"); not at the all-features level (its registers: 248 ->
+  // 556 bytes of spills)
+  constexpr int FV = kLaneFeatures;
   const int L = (KIND == kAdd ? F : D) / FV;
   const bool feature_lanes =
       ((std::is_same_v<T, float> && KIND != kAdd) || LANES) && VW > 1 &&
-      FEAT != kFeatAll && HF == kWarpSize * FV &&
-      (KIND == kAdd || HD_k == HF) && L >= 4 && (L & (L - 1)) == 0;
+      FEAT != kFeatAll && feature_lanes_fit(HF, KIND == kAdd ? F : D) &&
+      (KIND == kAdd || HD_k == HF);
   float* lse_h = w.hv;
   float* dsum = w.hv + H;
   float* add_a = w.hv + 2 * H;

@@ -56,6 +56,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "feature_lanes.cuh"
 #include "numeric.cuh"
 #include "ops.h"
 #include "score_kinds.cuh"
@@ -75,10 +76,6 @@ constexpr int kSmmfMaxThreads = 1024;  // -> <= 64 registers per thread
 constexpr int kSmmfStagedWarps = 32;  // SMMF block with staging (a window)
 constexpr int kSmmfPlainWarps = 8;    // SMMF block without staging
 constexpr int kSmmfPlainRows = 16;    // rows of such a block
-// Mean in-degree from which half-precision H * D = 128 takes the SDDMM's
-// four-feature lanes (measured, session 26: the SMMF forward of dense
-// batches -20 to -26 %; graphs of mean degree 4-7 were slower with them)
-constexpr int kSmmfLanesMinDegree = 16;
 constexpr int kSmmfMaxHeads = 128;    // SMMF's item -> (edge, head) split
 
 template <typename T, bool VEC>

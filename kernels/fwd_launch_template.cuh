@@ -182,8 +182,8 @@ void run_smmf(const Launch& L) {
   // (the SDDMM's four-feature lanes, fwd_smmf_kernel.cuh; instantiated for
   // vector rows and kinds with a key row). fp32 takes those lanes in its
   // one kind of kernel.
-  const bool dense = L.H * L.D == 128 &&
-                     L.n_edges >= kSmmfLanesMinDegree * L.n_dst;
+  const bool dense = feature_lanes_fit(L.H * L.D, L.D) &&
+                     lanes_dense_graph(L.n_edges, L.n_dst);
   PYG_DFGNN_DISPATCH_BOOL(L.vec, VEC, [&] {
     auto a = make_args<scalar_t, index_t, VEC>(L);
     if (scores.defined()) a.scores = scores.data_ptr<float>();

@@ -104,18 +104,15 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
   const int G = KIND == kAdd ? 1 : min(a.qk_group, 8), ng = kWarpSize / G;
   const int g = lane / G, lg = lane % G;
   const unsigned h_magic = ((1u << 20) + H - 1) / H;  // it / H, H <= 128
-  // SDDMM with lanes over the key row, four features each, where the row
-  // is exactly a warp's (H * D = 128: 1 x 128, 2 x 64, 4 x 32, 8 x 16) and
-  // a head has L >= 4 lanes; else lane groups per (edge, head) item: the
-  // query and att stay in registers instead of a shared-memory re-read
-  // per item. fp32 always; half precision (8-byte reads) only in the LANES
-  // kernels, which the host picks for dense graphs: the path's code costs
-  // the other kernels registers (sparse graphs +3-13 %, NOTES "Session 26").
-  constexpr int FV = 4;
+  // SDDMM with the four-feature lanes (feature_lanes.cuh) where the row
+  // fits them, else lane groups per (edge, head) item. fp32 always; half
+  // precision (8-byte reads) only in the LANES kernels, which the host
+  // picks for dense graphs: the path's code costs the other kernels
+  // registers (sparse graphs +3-13 %, NOTES "Session 26").
+  constexpr int FV = kLaneFeatures;
   const int L = D / FV;
   const bool feature_lanes = (std::is_same_v<T, float> || LANES) && VW > 1 &&
-                             KIND != kAdd && HD_k == kWarpSize * FV &&
-                             L >= 4 && (L & (L - 1)) == 0;
+                             KIND != kAdd && feature_lanes_fit(HD_k, D);
 
   // a value row of one vector per lane, p / j aligned for 4-edge reads
   const bool one_slot = slots == kWarpSize && (HD_k & 3) == 0;

@@ -1,7 +1,8 @@
 """Host cost per call of the fused op's layers (GPU), to find where the
 autograd path's time above the kernels goes on small graphs.
 
-    python scripts/host_overhead.py [--graph cora-like] [--iters 2000]
+    python scripts/host_overhead.py [--graph cora-like] [--shape 1x128]
+        [--dtype fp32] [--iters 2000]
 
 Each line: microseconds per call of a loop of that step alone (host-bound
 loops: the GPU is idle most of the time on cora-like), then the GPU time of
@@ -21,6 +22,9 @@ from graphs import make_dfgraph  # noqa: E402
 import pyg_dfgnn  # noqa: E402
 from pyg_dfgnn.ops import cuda  # noqa: E402
 
+DTYPES = {'fp32': torch.float32, 'fp16': torch.float16,
+          'bf16': torch.bfloat16}
+
 
 def per_call_us(fn, iters):
     for _ in range(20):
@@ -36,12 +40,19 @@ def per_call_us(fn, iters):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument('--graph', default='cora-like')
+    p.add_argument('--shape', default='1x128')
+    p.add_argument('--dtype', default='fp32', choices=tuple(DTYPES))
     p.add_argument('--iters', type=int, default=2000)
+    p.add_argument('--profile', action='store_true',
+                   help="also the profiler's CPU ops and CUDA runtime calls "
+                   "inside 100 calls of the raw ops")
     args = p.parse_args()
     dev = torch.device('cuda')
     graph, _, n = make_dfgraph(args.graph, dev)
     colptr, csc_row, csc_perm = graph.csc()
-    q, k, v = (torch.randn(n, 1, 128, device=dev) for _ in range(3))
+    heads, feats = (int(x) for x in args.shape.split('x'))
+    q, k, v = (torch.randn(n, heads, feats, device=dev,
+                           dtype=DTYPES[args.dtype]) for _ in range(3))
     qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
     go = torch.randn_like(v)
     cuda.available()
@@ -50,6 +61,9 @@ def main():
     _, lse, *_ = op.fused_attention_fwd(graph.rowptr, graph.col, 0, q, k, v, None,
                                     1.0, 0.2, *plan[:4])
     steps = {
+        'torch.empty (floor of an op)': lambda: torch.empty(
+            n, heads, feats, device=dev, dtype=v.dtype),
+        'x + 1 (floor of a launch)': lambda: v + 1,
         'fwd op (raw)': lambda: op.fused_attention_fwd(
             graph.rowptr, graph.col, 0, q, k, v, None, 1.0, 0.2, *plan[:4]),
         'bwd op (raw)': lambda: op.fused_attention_bwd(
@@ -83,10 +97,21 @@ def main():
     steps['x * 2 + autograd.grad (floor)'] = floor_grad
     steps['fused op + autograd.grad'] = node_grad
     steps['public op + autograd.grad'] = public_grad
-    print(f'== host cost per call, {args.graph}, 1x128 fp32, '
+    print(f'== host cost per call, {args.graph}, {args.shape} {args.dtype}, '
           f'{torch.cuda.get_device_name()}')
     for name, fn in steps.items():
         print(f'{name:34s} {per_call_us(fn, args.iters):8.1f} us')
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+        for name in ('fwd op (raw)', 'bwd op (raw)'):
+            with profile(activities=[ProfilerActivity.CPU,
+                                     ProfilerActivity.CUDA]) as prof:
+                for _ in range(100):
+                    steps[name]()
+                torch.cuda.synchronize()
+            print(f'== {name}: 100 calls')
+            print(prof.key_averages().table(sort_by='self_cpu_time_total',
+                                            row_limit=18))
 
 
 if __name__ == '__main__':
