@@ -217,10 +217,10 @@ void run_passes(Args& A, int optin) {
   const int lanes = short_lanes((int64_t)H * F, VW);
   const bool short_rows =
       short_ok &&
-      short_owners(mode, n_dst, E, A.max_in_degree, lanes, F / VW);
+      short_owners(mode, n_dst, E, A.max_in_degree, F / VW);
   const bool short_cols =
       short_ok &&
-      short_owners(mode, n_src, E, A.max_out_degree, lanes, F / VW);
+      short_owners(mode, n_src, E, A.max_out_degree, F / VW);
 
   // rows pass: grad_query, D -> drow, (p, t) -> ebuf
   BwdArgs<T, I> r = a;

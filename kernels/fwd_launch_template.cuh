@@ -128,8 +128,7 @@ inline bool short_rows(const Launch& L, int vw) {
   return short_shapes(L.kind, L.vec, L.H, L.D, L.F, vw,
                       L.edge_key.defined() || L.edge_value.defined()) &&
          short_owners(short_rows_mode(), L.n_dst, L.n_edges,
-                      L.max_in_degree, short_lanes(L.H * L.F, vw),
-                      (int)(L.F / vw));
+                      L.max_in_degree, (int)(L.F / vw));
 }
 
 template <typename scalar_t>

@@ -12,21 +12,23 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "feature_lanes.cuh"
 #include "numeric.cuh"
 #include "ops.h"
 
 namespace pyg_dfgnn {
 
-// Where the host takes them (H100, against the block kernels in one run;
-// sessions 13-14): faster on zinc-like (mean in-degree 2), arxiv-like
-// (6.9, longest 21), mnist-like (7.6) and, with a warp per row (fp32
-// 1x128 / 4x32), pubmed-like (19.7K rows: fwd+bwd 0.156 -> 0.099 ms);
-// mixed where fewer warps share the work -- pubmed-like with two rows per
-// warp (bf16), cora-like (2.7K rows): an owner's edges one step after
-// another leave too few warps to hide the latency.
-constexpr int kShortMaxMeanDegree = 8;     // E / owners at most
+// Where the host takes them: owners of mean degree below kLanesMinDegree
+// (feature_lanes.cuh: from there the block kernels take their dense paths)
+// and a longest owner a warp walks, at any size. Measured against the
+// block kernels (H100, session 28, scripts/kernel_times.py with
+// PYG_DFGNN_SHORT_ROWS=1 / 0; benchmarks/NOTES.md): every pass faster on
+// cora-, pubmed-, zinc-, mnist- and arxiv-like graphs (whole and scaled
+// down to 2.4K warps: fwd + bwd 1.4-4x) and on uniform / batch graphs of
+// mean degree 8-12 (1.13-1.96x); at mean 16 and above 'add''s fp32 rows
+// pass loses (0.74-0.92x). Sessions 13-14 had held them to 16,384 warps
+// and mean degree 8 (cora-like, two-row warps in bf16: slower then).
 constexpr int kShortMaxDegree = 64;        // longest owner (a warp walks it)
-constexpr int64_t kShortMinWarps = 16384;  // warps at least
 // Narrow heads (session 15, scripts/short_vs_block.py): with at most 4
 // lanes a head (F <= 16 in fp32, 32 in half) the block kernels spend their
 // issue slots on per-(edge, head) item work (ncu: ~170 warp instructions
@@ -66,20 +68,19 @@ __host__ __device__ inline int short_lanes(int64_t hf, int vw) {
 }
 
 // The rule on the owners' side (CSR rows for the forward and the rows
-// pass, CSC columns for the cols pass; `lanes` of one owner, `head_lanes`
-// of one head): narrow heads up to a longest owner, or enough warps of
-// short owners; the longest known either way.
+// pass, CSC columns for the cols pass; `head_lanes` of one head): narrow
+// heads up to a longest owner, or sparse owners; the longest known either
+// way.
 inline bool short_owners(char mode, int64_t n_owner, int64_t n_edges,
-                         int64_t max_degree, int lanes, int head_lanes) {
+                         int64_t max_degree, int head_lanes) {
   if (mode == '0') return false;
   if (mode == '1') return true;
   if (max_degree < 0) return false;
   if (head_lanes <= kShortNarrowHeadLanes &&
       max_degree <= kShortNarrowMaxDegree)
     return true;
-  const int64_t warps = (n_owner * lanes + kWarpSize - 1) / kWarpSize;
   return max_degree <= kShortMaxDegree &&
-         n_edges <= kShortMaxMeanDegree * n_owner && warps >= kShortMinWarps;
+         n_edges < (int64_t)kLanesMinDegree * n_owner;
 }
 
 // This lane's owner and features [c0, c0 + VW) (head h, G lanes a head).

@@ -4,10 +4,13 @@ graphs a call is host-bound and event timings measure the host, which moves
 +-60 % between runs of the same library.
 
     PYG_DFGNN_LIBRARY=... python scripts/kernel_times.py \
-        [graph:HxF:dtype:kind[:dropout],...] [--json out.json]
+        [graph[@scale]:HxF:dtype:kind[:dropout],...] [--json out.json]
 
 kind 'add' takes [N, H] node scores; dropout (default 0) trains with that
-attention dropout.
+attention dropout; ``@scale`` shrinks the graph (benchmarks/graphs.py).
+Besides the named graphs: ``uniform-N-D`` (N nodes, mean in-degree D,
+uniform random sources) and ``batch-S-D`` (1,024 graphs of S nodes, each
+node drawing D sources of its graph).
 """
 import argparse
 import json
@@ -19,7 +22,7 @@ from torch.profiler import ProfilerActivity, profile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, 'benchmarks')]
-from graphs import make_dfgraph  # noqa: E402
+from graphs import GraphSpec, _MAKERS, make_dfgraph  # noqa: E402
 
 DTYPES = {'fp32': torch.float32, 'fp16': torch.float16,
           'bf16': torch.bfloat16}
@@ -27,6 +30,24 @@ DEFAULT = ','.join(f'{g}:{s}:{d}:{k}' for g in ('pubmed-like', 'cora-like',
                                                  'arxiv-like')
                    for s in ('1x128', '4x32') for d in ('bf16', 'fp16')
                    for k in ('dot', 'gatv2'))
+
+
+def make_graph_of(name, dev):
+    """``(DFGraph, edge_index, num_nodes)`` of a case's graph name."""
+    name, _, scale = name.partition('@')
+    kind, *nums = name.split('-')
+    if kind in ('uniform', 'batch') and len(nums) == 2 and all(
+            x.isdigit() for x in nums):
+        from pyg_dfgnn.graph import DFGraph
+        a, deg = int(nums[0]), int(nums[1])
+        spec = GraphSpec('uniform', num_nodes=a, num_edges=a * deg) \
+            if kind == 'uniform' else GraphSpec(
+                'batch', nodes_per_graph=a, avg_in_degree=deg,
+                num_graphs=1024)
+        gen = torch.Generator(device=dev).manual_seed(0)
+        ei, n = _MAKERS[kind](spec, float(scale or 1), gen, dev)
+        return DFGraph.from_edge_index(ei, num_nodes=n), ei, n
+    return make_dfgraph(name, dev, scale=float(scale or 1))
 
 
 def main():
@@ -43,7 +64,7 @@ def main():
         p_drop = float(drop[0]) if drop else 0.0
         h, f = (int(x) for x in shape.split('x'))
         dtype = DTYPES[dt]
-        graph, _, n = make_dfgraph(name, dev)
+        graph, _, n = make_graph_of(name, dev)
         gen = torch.Generator(device=dev).manual_seed(0)
         qk_shape = (n, h) if kind == 'add' else (n, h, f)
         q, k, v = (torch.randn(*shape_, device=dev, dtype=dtype,
