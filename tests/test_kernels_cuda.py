@@ -153,8 +153,10 @@ def run_case(cuda, rng, kind, dtype, strategy, graph_kind, heads, d, f,
     ra = ref_leaves[3] if att is not None else None
     ref, _ = fused_attention_reference(graph, kind, rv, rq, rk, ra, scale,
                                        slope)
+    # (initial seed: case_config's draw; torch.manual_seed(it) redraws it)
     tag = (f'{kind} {dtype} {strategy} {graph_kind} H={heads} D={d} F={f} '
-           f'N=({n_src},{n_dst}) E={graph.num_edges}')
+           f'N=({n_src},{n_dst}) E={graph.num_edges} '
+           f'initial seed {torch.initial_seed()}')
     err = rel_err(out, ref)
     assert err <= TOL_OUT[dtype], f'out rel err {err:.2e}: {tag}'
     if not grad:
