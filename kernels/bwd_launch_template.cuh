@@ -220,7 +220,9 @@ void run_passes(Args& A, int optin) {
       short_owners(mode, n_dst, E, A.max_in_degree, F / VW);
   const bool short_cols =
       short_ok &&
-      short_owners(mode, n_src, E, A.max_out_degree, F / VW);
+      (short_owners(mode, n_src, E, A.max_out_degree, F / VW) ||
+       (!std::is_same_v<T, float> &&
+        short_half_cols(mode, A.max_out_degree)));
 
   // rows pass: grad_query, D -> drow, (p, t) -> ebuf
   BwdArgs<T, I> r = a;
