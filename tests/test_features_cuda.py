@@ -541,3 +541,28 @@ def test_weights_gradient_only_when_used(kind, dtype, use_weights,
         ref_loss = ref_loss + (
             ref_alpha * g_alpha.index_select(0, perm).double()).sum()
     assert_grads_close(got, grads_of(ref_loss, t64), dtype)
+
+
+@pytest.mark.parametrize('kind', ['add', 'dot'])
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize('dropout', [0.0, 0.4])
+def test_block_rows_with_short_half_cols(kind, dtype, dropout, monkeypatch):
+    """Half precision on a dense batch (mean in-degree >= 16, columns of at
+    most 60 edges, 2 x 64 heads: not narrow): the automatic rule runs the
+    block rows pass and the short cols pass (short_half_cols), which reads
+    the rows pass's (p, ds) and D_i and draws the same dropout mask. Out,
+    the weights and every gradient against the reference."""
+    cuda = _cuda()
+    monkeypatch.delenv('PYG_DFGNN_SHORT_ROWS', raising=False)
+    seed = zlib.crc32(f'half-cols{kind}{dtype}{dropout}'.encode())
+    gen = torch.Generator().manual_seed(seed)
+    ei, size = random_graph('dense', random.Random(seed))
+    graph = DFGraph.from_edge_index(ei.cuda(), size=size)
+    t = make_case(kind, 'es', graph, 2, 64, 64, dtype, gen)
+    torch.manual_seed(seed)
+    _, names = cuda_kernels(lambda: check_case(
+        cuda, graph, kind, t, 'smmf', dtype, dropout=dropout, gen=gen))
+    rows = [m for m in names if 'bwd::bwd_kernel<' in m]
+    assert any('short_cols_bwd_kernel' in m for m in names), names
+    assert not any('short_rows_bwd_kernel' in m for m in names), names
+    assert rows and all(template_args(m)[4] == 'false' for m in rows), rows
