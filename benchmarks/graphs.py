@@ -28,7 +28,7 @@ generated statistics.
 import argparse
 import time
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -119,21 +119,26 @@ def _powerlaw(spec: GraphSpec, scale: float, gen: torch.Generator,
 _MAKERS = {'uniform': _uniform, 'batch': _batch, 'powerlaw': _powerlaw}
 
 
-def make_graph(name: str, device='cpu', seed: int = 0,
+def make_graph(name: Union[str, GraphSpec], device='cpu', seed: int = 0,
                scale: float = 1.0) -> Tuple[Tensor, int]:
-    """``(edge_index [2, E] int64 sorted by destination, num_nodes)``."""
-    if name not in GRAPHS:
+    """``(edge_index [2, E] int64 sorted by destination, num_nodes)`` of a
+    named graph, or of a ``GraphSpec`` of one's own."""
+    if isinstance(name, GraphSpec):
+        spec = name
+    elif name in GRAPHS:
+        spec = GRAPHS[name]
+    else:
         raise ValueError(f"unknown graph '{name}' (have {list(GRAPHS)})")
     if not 0 < scale <= 1:
         raise ValueError(f"'scale' must be in (0, 1] (got {scale})")
     device = torch.device(device)
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
-    spec = GRAPHS[name]
     return _MAKERS[spec.kind](spec, scale, gen, device)
 
 
-def make_dfgraph(name: str, device='cpu', seed: int = 0, scale: float = 1.0):
+def make_dfgraph(name: Union[str, GraphSpec], device='cpu', seed: int = 0,
+                 scale: float = 1.0):
     """``(DFGraph, edge_index, num_nodes)`` for the fused op."""
     from pyg_dfgnn.graph import DFGraph
     edge_index, num_nodes = make_graph(name, device, seed, scale)

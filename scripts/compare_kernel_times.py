@@ -10,19 +10,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from env_ab import part_of  # noqa: E402
-
-FORWARD = ('smmf_fwd_kernel', 'rows_fwd_kernel', 'pmf_', 'tc_fwd_kernel')
-
-
-def passes(row: dict) -> dict:
-    out = {}
-    for kernel, ms in row['kernels'].items():
-        part = part_of(kernel)
-        if part == 'other' and any(f in kernel for f in FORWARD):
-            part = 'fwd'
-        out[part] = out.get(part, 0.0) + ms * 1e3
-    return out
+from env_ab import pass_times  # noqa: E402
 
 
 def main():
@@ -40,18 +28,18 @@ def main():
     for case in a:
         if case not in b:
             continue
-        x, y = passes(a[case]), passes(b[case])
+        x, y = (pass_times(r[case]) for r in (a, b))
 
         def ratio(k):
-            return y.get(k, 0.0) / x[k] if x.get(k) else float('nan')
+            return y[k] / x[k] if x[k] else float('nan')
         cells = ' '.join(f'{ratio(k):5.2f}' for k in ('fwd', 'rows', 'cols'))
         print(f"{case:34s} "
-              + ''.join(f'{x.get(k, 0.0):8.1f}' for k in ('fwd', 'rows', 'cols'))
-              + ' ' + ''.join(f'{y.get(k, 0.0):8.1f}'
+              + ''.join(f'{x[k] * 1e3:8.1f}' for k in ('fwd', 'rows', 'cols'))
+              + ' ' + ''.join(f'{y[k] * 1e3:8.1f}'
                               for k in ('fwd', 'rows', 'cols'))
               + f'   {cells} {b[case]["ms"] / a[case]["ms"]:5.2f}'
-              + (f"  (other {x['other']:.1f} / {y.get('other', 0.0):.1f})"
-                 if 'other' in x else ''))
+              + (f"  (other {x['other'] * 1e3:.1f} / {y['other'] * 1e3:.1f})"
+                 if x['other'] else ''))
 
 
 if __name__ == '__main__':

@@ -2,7 +2,8 @@
 library through PYG_DFGNN_LIBRARY, or a knob such as PYG_DFGNN_SHORT_ROWS):
 `scripts/kernel_times.py` once per variant (a fresh process each, rounds
 interleaved), then per case the GPU time of the backward's rows / cols
-passes and of everything, per variant.
+passes and of everything, per variant (the JSON: also the forward and the
+rest).
 
     python scripts/env_ab.py 'old:PYG_DFGNN_LIBRARY=/tmp/old.so' 'new:' \
         --cases pattern-like:1x128:bf16:gatv2,... [--rounds 2] [--json out.json]
@@ -18,9 +19,12 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+FORWARD = ('smmf_fwd_kernel', 'rows_fwd_kernel', 'pmf_', 'tc_fwd_kernel')
+
+
 def part_of(kernel: str) -> str:
     """'rows' / 'cols' for the backward's passes (block or short-owner
-    kernels), 'other' for the rest."""
+    kernels), 'fwd' for the forward's, 'other' for the rest."""
     if 'bwd::bwd_kernel<' in kernel:  # <T, I, KIND, VEC, COLS, ...>
         cols = kernel.split('(', 1)[0].split('<', 1)[1].split(', ')[4]
         return 'cols' if cols == 'true' else 'rows'
@@ -28,7 +32,17 @@ def part_of(kernel: str) -> str:
         return 'rows'
     if 'short_cols_bwd_kernel' in kernel:
         return 'cols'
+    if any(f in kernel for f in FORWARD):
+        return 'fwd'
     return 'other'
+
+
+def pass_times(row: dict) -> dict:
+    """A `kernel_times.py` row's milliseconds per part (part_of)."""
+    parts = {'fwd': 0.0, 'rows': 0.0, 'cols': 0.0, 'other': 0.0}
+    for kernel, ms in row['kernels'].items():
+        parts[part_of(kernel)] += ms
+    return parts
 
 
 def main():
@@ -53,9 +67,7 @@ def main():
                                env={**os.environ, **env}, check=True,
                                stdout=subprocess.DEVNULL)
                 for row in json.load(open(fh.name)):
-                    parts = {'rows': 0.0, 'cols': 0.0, 'other': 0.0}
-                    for k, ms in row['kernels'].items():
-                        parts[part_of(k)] += ms
+                    parts = pass_times(row)
                     parts['all'] = row['ms']
                     slot = times[name].setdefault(row['case'], {})
                     for k, v in parts.items():

@@ -22,7 +22,7 @@ from torch.profiler import ProfilerActivity, profile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, 'benchmarks')]
-from graphs import GraphSpec, _MAKERS, make_dfgraph  # noqa: E402
+from graphs import GraphSpec, make_dfgraph  # noqa: E402
 
 DTYPES = {'fp32': torch.float32, 'fp16': torch.float16,
           'bf16': torch.bfloat16}
@@ -36,18 +36,15 @@ def make_graph_of(name, dev):
     """``(DFGraph, edge_index, num_nodes)`` of a case's graph name."""
     name, _, scale = name.partition('@')
     kind, *nums = name.split('-')
+    spec = name
     if kind in ('uniform', 'batch') and len(nums) == 2 and all(
             x.isdigit() for x in nums):
-        from pyg_dfgnn.graph import DFGraph
         a, deg = int(nums[0]), int(nums[1])
         spec = GraphSpec('uniform', num_nodes=a, num_edges=a * deg) \
             if kind == 'uniform' else GraphSpec(
                 'batch', nodes_per_graph=a, avg_in_degree=deg,
                 num_graphs=1024)
-        gen = torch.Generator(device=dev).manual_seed(0)
-        ei, n = _MAKERS[kind](spec, float(scale or 1), gen, dev)
-        return DFGraph.from_edge_index(ei, num_nodes=n), ei, n
-    return make_dfgraph(name, dev, scale=float(scale or 1))
+    return make_dfgraph(spec, dev, scale=float(scale or 1))
 
 
 def main():
