@@ -219,10 +219,8 @@ void run_passes(Args& A, int optin) {
       short_ok &&
       short_owners(mode, n_dst, E, A.max_in_degree, F / VW);
   const bool short_cols =
-      short_ok &&
-      (short_owners(mode, n_src, E, A.max_out_degree, F / VW) ||
-       (!std::is_same_v<T, float> &&
-        short_half_cols(mode, A.max_out_degree)));
+      short_ok && short_owners(mode, n_src, E, A.max_out_degree, F / VW,
+                               /*any_density=*/!std::is_same_v<T, float>);
 
   // rows pass: grad_query, D -> drow, (p, t) -> ebuf
   BwdArgs<T, I> r = a;
@@ -242,8 +240,7 @@ void run_passes(Args& A, int optin) {
                             (KIND == kAdd || !std::is_same_v<T, float>) &&
                             FEAT != kFeatAll;
   const bool rows_lanes =
-      feature_lanes_fit(H * F, KIND == kAdd ? F : D) &&
-      (KIND == kAdd || H * D == H * F) && lanes_dense_graph(E, n_dst);
+      rows_lanes_fit(KIND, H, D, F) && lanes_dense_graph(E, n_dst);
   auto rows = [&](auto lanes_k) {
     launch<T, I, KIND, VEC, false, FEAT, false, decltype(lanes_k)::value>(
         r, A.rowptr, E, A.max_in_degree, A.windows, A.stage_nodes, optin,

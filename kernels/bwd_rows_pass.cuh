@@ -35,8 +35,7 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
   const int L = (KIND == kAdd ? F : D) / FV;
   const bool feature_lanes =
       ((std::is_same_v<T, float> && KIND != kAdd) || LANES) && VW > 1 &&
-      FEAT != kFeatAll && feature_lanes_fit(HF, KIND == kAdd ? F : D) &&
-      (KIND == kAdd || HD_k == HF);
+      FEAT != kFeatAll && rows_lanes_fit(KIND, H, D, F);
   float* lse_h = w.hv;
   float* dsum = w.hv + H;
   float* add_a = w.hv + 2 * H;

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "numeric.cuh"
+#include "ops.h"
 
 namespace pyg_dfgnn {
 
@@ -22,6 +23,15 @@ __host__ __device__ constexpr bool feature_lanes_fit(int row_width,
          head_width / kLaneFeatures >= 4 &&
          ((head_width / kLaneFeatures) & (head_width / kLaneFeatures - 1)) ==
              0;
+}
+
+// The backward's rows pass: the key / value rows of one width ('dot': the
+// score's D equals F; 'add' has no key row, its heads are F wide). One test
+// for the host's pick (bwd_launch_template.cuh) and the pass itself.
+__host__ __device__ constexpr bool rows_lanes_fit(int kind, int H, int D,
+                                                  int F) {
+  return feature_lanes_fit(H * F, kind == kAdd ? F : D) &&
+         (kind == kAdd || D == F);
 }
 
 // Mean in-degree from which the LANES kernels pay where the lanes are not

@@ -25,7 +25,7 @@ namespace pyg_dfgnn {
 // PYG_DFGNN_SHORT_ROWS=1 / 0; benchmarks/NOTES.md): every pass faster on
 // cora-, pubmed-, zinc-, mnist- and arxiv-like graphs (whole and scaled
 // down to 2.4K warps: fwd + bwd 1.4-4x) and on uniform / batch graphs of
-// mean degree 8-12 (1.13-1.96x); at mean 16 and above 'add''s fp32 rows
+// mean degree 8-13 (1.13-1.96x); at mean 16 and above 'add''s fp32 rows
 // pass loses (0.74-0.92x). Sessions 13-14 had held them to 16,384 warps
 // and mean degree 8 (cora-like, two-row warps in bf16: slower then).
 constexpr int kShortMaxDegree = 64;        // longest owner (a warp walks it)
@@ -70,9 +70,15 @@ __host__ __device__ inline int short_lanes(int64_t hf, int vw) {
 // The rule on the owners' side (CSR rows for the forward and the rows
 // pass, CSC columns for the cols pass; `head_lanes` of one head): narrow
 // heads up to a longest owner, or sparse owners; the longest known either
-// way.
+// way. `any_density`: the half-precision cols pass, which takes them at
+// any mean degree up to a longest column of kShortMaxDegree -- 1.08-1.53x
+// the block cols pass on uniform graphs of mean 16-24 and on staged dense
+// batches (cluster-like 'add' bf16 233 -> 176 us, batches of 117-node
+// graphs 1.28-1.51x; session 28), where the fp32 passes and the rows pass
+// lose.
 inline bool short_owners(char mode, int64_t n_owner, int64_t n_edges,
-                         int64_t max_degree, int head_lanes) {
+                         int64_t max_degree, int head_lanes,
+                         bool any_density = false) {
   if (mode == '0') return false;
   if (mode == '1') return true;
   if (max_degree < 0) return false;
@@ -80,17 +86,7 @@ inline bool short_owners(char mode, int64_t n_owner, int64_t n_edges,
       max_degree <= kShortNarrowMaxDegree)
     return true;
   return max_degree <= kShortMaxDegree &&
-         n_edges < (int64_t)kLanesMinDegree * n_owner;
-}
-
-// The backward's cols pass in half precision also takes the short kernel
-// above that mean degree, up to a longest column of kShortMaxDegree: 1.08-
-// 1.53x the block cols pass on uniform graphs of mean 16-24 and on staged
-// dense batches (cluster-like 'add' bf16 233 -> 176 us, batches of
-// 117-node graphs 1.28-1.51x; session 28), where the fp32 passes and the
-// rows pass lose.
-inline bool short_half_cols(char mode, int64_t max_degree) {
-  return mode == 'a' && max_degree >= 0 && max_degree <= kShortMaxDegree;
+         (any_density || n_edges < (int64_t)kLanesMinDegree * n_owner);
 }
 
 // This lane's owner and features [c0, c0 + VW) (head h, G lanes a head).
