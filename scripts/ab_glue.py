@@ -1,7 +1,12 @@
-"""Same-process A/B of TransformerConv's / GATv2Conv's projections
-(pyg_dfgnn/nn/conv/linear_ops.py): 'autograd' (the layers' own backward
-nodes), 'node' (one hand-written backward node on every graph) and 'rule'
-(the node from ``LINEARS_MIN_EDGES`` edges, as shipped).
+"""Same-process A/B of the convs' glue around the fused op:
+TransformerConv's / GATv2Conv's projections (pyg_dfgnn/nn/conv/
+linear_ops.py): 'autograd' (the layers' own backward nodes), 'node' (one
+hand-written backward node on every graph) and 'rule' (the node from
+``LINEARS_MIN_EDGES`` edges, as shipped); GAT's node terms and the convs'
+output bias: 'glue-old' (two node-score GEMMs, ``out + bias``),
+'glue-scores' (both node terms by one GEMM, ``node_score_pair``) and
+'glue-new' (that and ``add_bias``'s GEMV gradient, as shipped), each with
+the shipped projections' rule.
 
 Small-graph steps are host-bound and move +-30% between calls, so the
 variants run interleaved in one process, several rounds, and the table
@@ -26,14 +31,34 @@ import modules as mb  # noqa: E402
 from graphs import make_graph  # noqa: E402
 from kernels import DTYPES  # noqa: E402
 
+import pyg_dfgnn.nn.conv.gat_conv as gat_conv  # noqa: E402
+import pyg_dfgnn.nn.conv.gatv2_conv as gatv2_conv  # noqa: E402
 import pyg_dfgnn.nn.conv.linear_ops as lo  # noqa: E402
+from pyg_dfgnn.nn.conv.node_ops import node_scores  # noqa: E402
 
 SHIPPED = lo.LINEARS_MIN_EDGES
-BOUND = {'autograd': 1 << 62, 'node': 0, 'rule': SHIPPED}
+BOUND = {'autograd': 1 << 62, 'node': 0}
+
+
+def _two_scores(x, att_src, att_dst, degree):
+    return node_scores(x, att_src, degree), node_scores(x, att_dst, degree)
+
+
+def _plain_bias(out, bias):
+    return out if bias is None else out + bias
+
+
+# (GAT's node-score pair, GAT's bias, GATv2's bias)
+GLUE_SHIPPED = (gat_conv.node_score_pair, gat_conv.add_bias,
+                gatv2_conv.add_bias)
+GLUE = {'glue-old': (_two_scores, _plain_bias, _plain_bias),
+        'glue-scores': (gat_conv.node_score_pair, _plain_bias, _plain_bias)}
 
 
 def use(variant):
-    lo.LINEARS_MIN_EDGES = BOUND[variant]
+    lo.LINEARS_MIN_EDGES = BOUND.get(variant, SHIPPED)
+    (gat_conv.node_score_pair, gat_conv.add_bias,
+     gatv2_conv.add_bias) = GLUE.get(variant, GLUE_SHIPPED)
 
 
 def measure(step, bursts=5, burst=10):

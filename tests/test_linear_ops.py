@@ -105,6 +105,42 @@ def test_column_sum_is_the_sum(device, width):
 
 
 @pytest.mark.parametrize('device', DEVICES)
+@pytest.mark.parametrize('rows,width', [(1000, 128), (7, 128), (0, 128),
+                                        (50, 3)])
+def test_add_bias_is_the_sum(device, rows, width):
+    """Values and both gradients of ``out + bias``; on CUDA the GEMV form
+    where it applies (fp32, 64+ columns, a bias gradient asked for), a
+    cached ones column reused and grown across row counts."""
+    gen = torch.Generator().manual_seed(rows)
+    out, bias = (torch.randn(*shape, generator=gen).to(device)
+                 .requires_grad_() for shape in ((rows, width), (width,)))
+    got = linear_ops.add_bias(out, bias)
+    want = out + bias
+    assert torch.equal(got, want)
+    up = torch.randn(rows, width, generator=gen).to(device)
+    for a, b in zip(torch.autograd.grad(got, (out, bias), up),
+                    torch.autograd.grad(want, (out, bias), up)):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+    gemv = device == 'cuda' and rows > 0 and width >= 64
+    assert ('Addmm' in got.grad_fn.name()) == gemv, got.grad_fn.name()
+    assert linear_ops.add_bias(out, None) is out
+    with torch.no_grad():  # no bias gradient: the plain sum
+        assert 'Addmm' not in str(linear_ops.add_bias(out, bias).grad_fn)
+
+
+@pytest.mark.cuda
+def test_add_bias_under_autocast_promotes_as_pyg():
+    """A half-precision ``out`` and a float32 bias give float32, as PyG's
+    ``out + bias`` does under autocast."""
+    out = torch.randn(300, 128, device='cuda', dtype=torch.bfloat16)
+    bias = torch.randn(128, device='cuda', requires_grad=True)
+    with torch.autocast('cuda', dtype=torch.bfloat16):
+        got = linear_ops.add_bias(out, bias)
+    assert got.dtype == torch.float32
+    assert torch.equal(got, out + bias)
+
+
+@pytest.mark.parametrize('device', DEVICES)
 @pytest.mark.parametrize('conv,kwargs,bipartite', [
     ('TransformerConv', dict(heads=2), False),
     ('TransformerConv', dict(heads=2, beta=True), True),

@@ -35,3 +35,37 @@ def test_node_scores_form_by_dtype_and_density(dtype, degree, gemm):
     assert ('Mm' in out.grad_fn.name()) == gemm, out.grad_fn.name()
     want = (x.double() * att.double()).sum(-1)
     assert (out.double() - want).abs().max() <= 5e-2 * want.abs().max()
+
+
+@pytest.mark.parametrize('heads,channels,n', [(1, 8, 11), (3, 5, 7),
+                                              (8, 2, 0)])
+def test_node_score_pair_matches_two_product_sums(heads, channels, n):
+    """Both terms of one x by one GEMM: the values, d x (one accumulation
+    instead of two) and both d att, every head layout."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(n, heads, channels, generator=gen, dtype=torch.float64,
+                    requires_grad=True)
+    att_src, att_dst = (torch.randn(1, heads, channels, generator=gen,
+                                    dtype=torch.float64, requires_grad=True)
+                        for _ in range(2))
+    src, dst = node_ops.node_score_pair(x, att_src, att_dst, 1.0)
+    want_src, want_dst = (x * att_src).sum(-1), (x * att_dst).sum(-1)
+    assert src.shape == dst.shape == (n, heads)
+    assert torch.allclose(src, want_src) and torch.allclose(dst, want_dst)
+    g_src, g_dst = (torch.randn(n, heads, generator=gen, dtype=torch.float64)
+                    for _ in range(2))
+    wrt = (x, att_src, att_dst)
+    got = torch.autograd.grad((src, dst), wrt, (g_src, g_dst))
+    want = torch.autograd.grad((want_src, want_dst), wrt, (g_src, g_dst))
+    for a, b in zip(got, want):
+        assert torch.allclose(a, b)
+    if n:
+        assert 'Mm' in src.grad_fn.next_functions[0][0].name()
+
+
+def test_node_score_pair_keeps_product_sums_for_sparse_half():
+    x = torch.randn(6, 2, 4, dtype=torch.bfloat16)
+    att_src, att_dst = torch.randn(2, 1, 2, 4, dtype=torch.bfloat16)
+    src, dst = node_ops.node_score_pair(x, att_src, att_dst, 2.0)
+    assert torch.equal(src, (x * att_src).sum(-1))
+    assert torch.equal(dst, (x * att_dst).sum(-1))

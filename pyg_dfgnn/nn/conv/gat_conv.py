@@ -10,7 +10,8 @@ from torch_geometric.nn.dense.linear import (
 )
 from torch_geometric.nn.inits import glorot, zeros
 
-from pyg_dfgnn.nn.conv.node_ops import node_scores
+from pyg_dfgnn.nn.conv.linear_ops import add_bias
+from pyg_dfgnn.nn.conv.node_ops import node_score_pair, node_scores
 from pyg_dfgnn.nn.conv.utils import (
     adjacency_edge_attr,
     attention_weights,
@@ -253,11 +254,15 @@ class DFGATConv(MessagePassing):
 
         # Node-level attention terms; the op adds them per edge:
         degree = structure.graph.num_edges / max(num_dst, 1)
-        alpha_src = node_scores(x_src, self.att_src, degree)
-        if x_dst is None:
-            alpha_dst = alpha_src.new_zeros(num_dst, H)
+        if x_dst is x_src:
+            alpha_src, alpha_dst = node_score_pair(
+                x_src, self.att_src, self.att_dst, degree)
         else:
-            alpha_dst = node_scores(x_dst, self.att_dst, degree)
+            alpha_src = node_scores(x_src, self.att_src, degree)
+            if x_dst is None:
+                alpha_dst = alpha_src.new_zeros(num_dst, H)
+            else:
+                alpha_dst = node_scores(x_dst, self.att_dst, degree)
 
         edge_score: Optional[Tensor] = None
         if edge_attr is not None and self.lin_edge is not None:
@@ -280,8 +285,7 @@ class DFGATConv(MessagePassing):
             out = out.mean(dim=1)
         if res is not None:
             out = out + res
-        if self.bias is not None:
-            out = out + self.bias
+        out = add_bias(out, self.bias)
 
         if return_attention_weights:
             return out, attention_weights(structure, edge_index, alpha)

@@ -31,7 +31,7 @@ Under autocast the inputs are cast once, as autocast would cast them per
 layer, and the products run in that dtype; parameter gradients come back in
 the parameters' dtype.
 """
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -51,6 +51,41 @@ def column_sum(grad: Tensor) -> Tensor:
             and grad.size(0) > 0:
         return torch.mv(grad.t(), grad.new_ones(grad.size(0)))
     return grad.sum(0)
+
+
+_ones: Dict[Tuple, Tensor] = {}
+
+
+def _ones_column(like: Tensor) -> Tensor:
+    """[N, 1] ones for ``like`` [N, C]: a view of one cached vector per
+    device and dtype, grown as needed (not while a CUDA graph captures or
+    torch.compile traces: then a fresh one)."""
+    n = like.size(0)
+    key = (like.device, like.dtype)
+    ones = _ones.get(key)
+    if ones is None or ones.numel() < n:
+        ones = like.new_ones(n)
+        if not (torch.compiler.is_compiling()
+                or torch.cuda.is_current_stream_capturing()):
+            _ones[key] = ones
+    return ones[:n].view(n, 1)
+
+
+def add_bias(out: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """``out + bias`` for a 2-D ``out``. On CUDA, where its gradient is asked
+    for and wide enough, as ``addmm(out, ones, bias)``: the same sum, and the
+    bias gradient a GEMV (``ones^T d out``) instead of autograd's row
+    reduction (see the module docstring). Under autocast, ``out + bias``
+    (its promotion to the bias's dtype is PyG's result)."""
+    if bias is None:
+        return out
+    if (not out.is_cuda or out.dim() != 2 or out.dtype != bias.dtype
+            or not (bias.requires_grad and torch.is_grad_enabled())
+            or out.size(1) < COLUMN_SUM_GEMV_MIN_WIDTH or out.size(0) == 0
+            or torch.is_autocast_enabled(out.device.type)
+            or torch.compiler.is_compiling()):
+        return out + bias
+    return torch.addmm(out, _ones_column(out), bias.view(1, -1))
 
 
 class _Linears(torch.autograd.Function):

@@ -15,6 +15,11 @@ busy (cluster-like 1.62 -> 1.22) but slower on sparse batches whose step is
 host- and latency-bound (zinc-like heads=8 0.95 -> 1.18: the K = N GEMMs of
 the backward), so half precision keeps the product-and-sum form below a
 mean in-degree of 16. Same values up to the order of the sums.
+
+Where one projection feeds both terms (``node_score_pair``), both are one
+GEMM against ``[A_src, A_dst]``: one pass over ``x`` in the forward, and in
+the backward one GEMM and one accumulation into ``d x`` instead of two each
+(autograd adds every use's gradient of ``x`` by an [N, H * C] kernel).
 """
 from typing import Dict, Tuple
 
@@ -40,15 +45,37 @@ def _block_mask(heads: int, channels: int, like: Tensor) -> Tensor:
     return mask
 
 
+def _gemm_form(x: Tensor, mean_degree: float) -> bool:
+    return not (x.dtype in (torch.float16, torch.bfloat16)
+                and mean_degree < HALF_MIN_MEAN_DEGREE)
+
+
+def _score_matrix(att: Tensor, like: Tensor) -> Tensor:
+    """[H * C, H]: ``att`` [1, H, C] block-diagonal, in ``like``'s dtype."""
+    _, H, C = att.shape
+    att = att.to(like.dtype).reshape(H * C, 1)
+    return att if H == 1 else att * _block_mask(H, C, like)
+
+
 def node_scores(x: Tensor, att: Tensor, mean_degree: float) -> Tensor:
     """``(x * att).sum(-1)`` for ``x`` [N, H, C] and ``att`` [1, H, C], on a
     graph of ``mean_degree`` edges per destination."""
     N, H, C = x.shape
-    if (x.dtype in (torch.float16, torch.bfloat16)
-            and mean_degree < HALF_MIN_MEAN_DEGREE):
+    if not _gemm_form(x, mean_degree):
         return (x * att).sum(dim=-1)
-    att = att.to(x.dtype)
-    if H == 1:
-        return x.reshape(N, C) @ att.reshape(C, 1)
-    return x.reshape(N, H * C) @ (att.reshape(H * C, 1) *
-                                  _block_mask(H, C, x))
+    return x.reshape(N, H * C) @ _score_matrix(att, x)
+
+
+def node_score_pair(x: Tensor, att_src: Tensor, att_dst: Tensor,
+                    mean_degree: float) -> Tuple[Tensor, Tensor]:
+    """``node_scores`` of one ``x`` [N, H, C] against two ``att`` vectors,
+    by one GEMM where the GEMM form applies (the two [N, H] results are
+    column blocks of one [N, 2H] product)."""
+    if not _gemm_form(x, mean_degree):
+        return (node_scores(x, att_src, mean_degree),
+                node_scores(x, att_dst, mean_degree))
+    N, H, C = x.shape
+    both = torch.cat([_score_matrix(att_src, x), _score_matrix(att_dst, x)],
+                     dim=1)
+    src, dst = (x.reshape(N, H * C) @ both).split(H, dim=1)
+    return src, dst
