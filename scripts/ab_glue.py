@@ -5,7 +5,8 @@ hand-written backward node on every graph) and 'rule' (the node from
 ``LINEARS_MIN_EDGES`` edges, as shipped); GAT's node terms and the convs'
 output bias: 'glue-old' (two node-score GEMMs, ``out + bias``),
 'glue-scores' (both node terms by one GEMM, ``node_score_pair``) and
-'glue-new' (that and ``add_bias``'s GEMV gradient, as shipped), each with
+'glue-new' (that and ``add_bias``'s GEMV gradient) on every graph, and
+'glue-rule' (those from ``GPU_BOUND_EDGE_BYTES``, as shipped), each with
 the shipped projections' rule.
 
 Small-graph steps are host-bound and move +-30% between calls, so the
@@ -40,25 +41,32 @@ SHIPPED = lo.LINEARS_MIN_EDGES
 BOUND = {'autograd': 1 << 62, 'node': 0}
 
 
-def _two_scores(x, att_src, att_dst, degree):
+def _two_scores(x, att_src, att_dst, degree, gpu_bound):
     return node_scores(x, att_src, degree), node_scores(x, att_dst, degree)
 
 
-def _plain_bias(out, bias):
+def _plain_bias(out, bias, gpu_bound):
     return out if bias is None else out + bias
 
 
-# (GAT's node-score pair, GAT's bias, GATv2's bias)
+def _always(x, num_edges):
+    return x.is_cuda
+
+
+# (GAT's node-score pair, GAT's bias, GATv2's bias, the convs' gpu_bound)
 GLUE_SHIPPED = (gat_conv.node_score_pair, gat_conv.add_bias,
-                gatv2_conv.add_bias)
-GLUE = {'glue-old': (_two_scores, _plain_bias, _plain_bias),
-        'glue-scores': (gat_conv.node_score_pair, _plain_bias, _plain_bias)}
+                gatv2_conv.add_bias, gat_conv.gpu_bound)
+GLUE = {'glue-old': (_two_scores, _plain_bias, _plain_bias, _always),
+        'glue-scores': (gat_conv.node_score_pair, _plain_bias, _plain_bias,
+                        _always),
+        'glue-new': GLUE_SHIPPED[:3] + (_always,)}
 
 
 def use(variant):
     lo.LINEARS_MIN_EDGES = BOUND.get(variant, SHIPPED)
-    (gat_conv.node_score_pair, gat_conv.add_bias,
-     gatv2_conv.add_bias) = GLUE.get(variant, GLUE_SHIPPED)
+    (gat_conv.node_score_pair, gat_conv.add_bias, gatv2_conv.add_bias,
+     gat_conv.gpu_bound) = GLUE.get(variant, GLUE_SHIPPED)
+    gatv2_conv.gpu_bound = gat_conv.gpu_bound
 
 
 def measure(step, bursts=5, burst=10):
@@ -94,6 +102,8 @@ def main():
     p.add_argument('--dtype', default='fp32,bf16')
     p.add_argument('--variants', default='autograd,node,rule')
     p.add_argument('--rounds', type=int, default=3)
+    p.add_argument('--no-gpu', action='store_true',
+                   help='skip the profiler run (wall and host only)')
     p.add_argument('--json', default=None)
     args = p.parse_args()
     dev = torch.device('cuda')
@@ -117,7 +127,10 @@ def main():
                 res = {v: dict(wall=[], host=[], gpu=[]) for v in variants}
                 grads = {}
                 for r in range(args.rounds):
-                    for v in variants:
+                    # each round in another order: no variant always runs
+                    # first or after the profiler
+                    for v in variants[r % len(variants):] + \
+                            variants[:r % len(variants)]:
                         use(v)
                         for _ in range(3):
                             step()
@@ -127,7 +140,8 @@ def main():
                         wall, host = measure(step)
                         res[v]['wall'].append(wall)
                         res[v]['host'].append(host)
-                        res[v]['gpu'].append(gpu_time(step))
+                        res[v]['gpu'].append(
+                            0.0 if args.no_gpu else gpu_time(step))
                 base = grads[variants[0]]
                 for v in variants:
                     err = max(((a.float() - b.float()).norm() /

@@ -48,7 +48,7 @@ def test_node_score_pair_matches_two_product_sums(heads, channels, n):
     att_src, att_dst = (torch.randn(1, heads, channels, generator=gen,
                                     dtype=torch.float64, requires_grad=True)
                         for _ in range(2))
-    src, dst = node_ops.node_score_pair(x, att_src, att_dst, 1.0)
+    src, dst = node_ops.node_score_pair(x, att_src, att_dst, 1.0, True)
     want_src, want_dst = (x * att_src).sum(-1), (x * att_dst).sum(-1)
     assert src.shape == dst.shape == (n, heads)
     assert torch.allclose(src, want_src) and torch.allclose(dst, want_dst)
@@ -60,12 +60,19 @@ def test_node_score_pair_matches_two_product_sums(heads, channels, n):
     for a, b in zip(got, want):
         assert torch.allclose(a, b)
     if n:
+        assert 'Split' in src.grad_fn.name()
         assert 'Mm' in src.grad_fn.next_functions[0][0].name()
 
 
-def test_node_score_pair_keeps_product_sums_for_sparse_half():
-    x = torch.randn(6, 2, 4, dtype=torch.bfloat16)
-    att_src, att_dst = torch.randn(2, 1, 2, 4, dtype=torch.bfloat16)
-    src, dst = node_ops.node_score_pair(x, att_src, att_dst, 2.0)
-    assert torch.equal(src, (x * att_src).sum(-1))
-    assert torch.equal(dst, (x * att_dst).sum(-1))
+@pytest.mark.parametrize('dtype,degree,gpu_bound', [
+    (torch.bfloat16, 2.0, True), (torch.float32, 40.0, False)])
+def test_node_score_pair_apart(dtype, degree, gpu_bound):
+    """Two terms apart: sparse half precision (product-and-sum form) or a
+    host-bound step (two GEMVs, fewer host ops than the pair)."""
+    x = torch.randn(6, 2, 4, dtype=dtype, requires_grad=True)
+    att_src, att_dst = torch.randn(2, 1, 2, 4, dtype=dtype)
+    src, dst = node_ops.node_score_pair(x, att_src, att_dst, degree,
+                                        gpu_bound)
+    assert 'Split' not in src.grad_fn.name()
+    assert torch.equal(src, node_ops.node_scores(x, att_src, degree))
+    assert torch.equal(dst, node_ops.node_scores(x, att_dst, degree))

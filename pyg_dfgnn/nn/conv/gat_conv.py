@@ -10,7 +10,7 @@ from torch_geometric.nn.dense.linear import (
 )
 from torch_geometric.nn.inits import glorot, zeros
 
-from pyg_dfgnn.nn.conv.linear_ops import add_bias
+from pyg_dfgnn.nn.conv.linear_ops import add_bias, gpu_bound
 from pyg_dfgnn.nn.conv.node_ops import node_score_pair, node_scores
 from pyg_dfgnn.nn.conv.utils import (
     adjacency_edge_attr,
@@ -254,9 +254,10 @@ class DFGATConv(MessagePassing):
 
         # Node-level attention terms; the op adds them per edge:
         degree = structure.graph.num_edges / max(num_dst, 1)
+        gpu_bound_step = gpu_bound(x_src, structure.graph.num_edges)
         if x_dst is x_src:
             alpha_src, alpha_dst = node_score_pair(
-                x_src, self.att_src, self.att_dst, degree)
+                x_src, self.att_src, self.att_dst, degree, gpu_bound_step)
         else:
             alpha_src = node_scores(x_src, self.att_src, degree)
             if x_dst is None:
@@ -285,7 +286,7 @@ class DFGATConv(MessagePassing):
             out = out.mean(dim=1)
         if res is not None:
             out = out + res
-        out = add_bias(out, self.bias)
+        out = add_bias(out, self.bias, gpu_bound_step)
 
         if return_attention_weights:
             return out, attention_weights(structure, edge_index, alpha)

@@ -10,7 +10,7 @@ from torch_geometric.nn.dense.linear import (
 )
 from torch_geometric.nn.inits import glorot, zeros
 
-from pyg_dfgnn.nn.conv.linear_ops import add_bias, linears
+from pyg_dfgnn.nn.conv.linear_ops import add_bias, gpu_bound, linears
 from pyg_dfgnn.nn.conv.utils import (
     adjacency_edge_attr,
     attention_weights,
@@ -267,7 +267,8 @@ class DFGATv2Conv(MessagePassing):
             out = out.mean(dim=1)
         if res is not None:
             out = out + res
-        out = add_bias(out, self.bias)
+        out = add_bias(out, self.bias,
+                       gpu_bound(x_l, structure.graph.num_edges))
 
         if return_attention_weights:
             return out, attention_weights(structure, edge_index, alpha)

@@ -43,6 +43,28 @@ from pyg_dfgnn.nn.conv.utils import autocast_dtype
 COLUMN_SUM_GEMV_MIN_WIDTH = 64
 # Edges from which a step is GPU-bound enough for the node (see above).
 LINEARS_MIN_EDGES = 2_000_000
+# Edges x row width x element size from which a GAT-type step is GPU-bound
+# enough for ``add_bias``'s and ``node_score_pair``'s forms, which save GPU
+# bytes for a few more host ops (~0.08-0.14 ms of host per step on the
+# device's host): the fp32 [E, 128] rows of 2M edges. Same-process A/B
+# (scripts/ab_glue.py, H200, 9 rounds in rotation, wall per step): GATConv
+# fp32 pattern- / cluster-like -7 %, bf16 pattern-like -9 %, heads=8 fp32
+# -9 / -10 %, GATv2Conv -3-4 %; host-bound steps (zinc-like, cluster-like
+# bf16) +5-23 %, which keep autograd's forms.
+GPU_BOUND_EDGE_BYTES = 2_000_000 * 128 * 4
+
+
+def gpu_bound(x: Tensor, num_edges: int) -> bool:
+    """Whether a step of a conv whose fused op reads rows like ``x``'s (an
+    [N, ...] tensor) over ``num_edges`` edges trades host ops for GPU bytes
+    (see GPU_BOUND_EDGE_BYTES): on CUDA, eager, from that size -- or
+    always while a CUDA graph captures (no host work when replayed)."""
+    if not x.is_cuda or torch.compiler.is_compiling():
+        return False
+    if torch.cuda.is_current_stream_capturing():
+        return True
+    row_bytes = x.numel() // max(x.size(0), 1) * x.element_size()
+    return num_edges * row_bytes >= GPU_BOUND_EDGE_BYTES
 
 
 def column_sum(grad: Tensor) -> Tensor:
@@ -65,25 +87,25 @@ def _ones_column(like: Tensor) -> Tensor:
     ones = _ones.get(key)
     if ones is None or ones.numel() < n:
         ones = like.new_ones(n)
-        if not (torch.compiler.is_compiling()
-                or torch.cuda.is_current_stream_capturing()):
+        if not (torch.compiler.is_compiling() or (
+                like.is_cuda and torch.cuda.is_current_stream_capturing())):
             _ones[key] = ones
     return ones[:n].view(n, 1)
 
 
-def add_bias(out: Tensor, bias: Optional[Tensor]) -> Tensor:
-    """``out + bias`` for a 2-D ``out``. On CUDA, where its gradient is asked
-    for and wide enough, as ``addmm(out, ones, bias)``: the same sum, and the
-    bias gradient a GEMV (``ones^T d out``) instead of autograd's row
-    reduction (see the module docstring). Under autocast, ``out + bias``
-    (its promotion to the bias's dtype is PyG's result)."""
+def add_bias(out: Tensor, bias: Optional[Tensor], gpu_bound: bool) -> Tensor:
+    """``out + bias`` for a 2-D ``out``. In a ``gpu_bound`` step whose bias
+    gradient is asked for, as ``addmm(out, ones, bias)``: the same sum, and
+    the bias gradient a GEMV (``ones^T d out``) instead of autograd's row
+    reduction (see the module docstring), for ~2 more host ops. Under
+    autocast, ``out + bias`` (its promotion to the bias's dtype is PyG's
+    result)."""
     if bias is None:
         return out
-    if (not out.is_cuda or out.dim() != 2 or out.dtype != bias.dtype
+    if (not gpu_bound or out.dim() != 2 or out.dtype != bias.dtype
             or not (bias.requires_grad and torch.is_grad_enabled())
             or out.size(1) < COLUMN_SUM_GEMV_MIN_WIDTH or out.size(0) == 0
-            or torch.is_autocast_enabled(out.device.type)
-            or torch.compiler.is_compiling()):
+            or torch.is_autocast_enabled(out.device.type)):
         return out + bias
     return torch.addmm(out, _ones_column(out), bias.view(1, -1))
 
