@@ -14,8 +14,13 @@ namespace fwd {
 // staged K rows [span][HD_k] T | staged V rows [span][H*F] T |
 // att fp32 [HD_att] | block scalars | per warp: query row fp32 [HD_k] |
 // p fp32 [H][kRowChunk] | sources int32 [kRowChunk] | m, l, corr fp32 [H]
-// each (p and the sources 16-byte aligned when HD_k % 4 == 0: read 4
-// edges at a time).
+// each (the query row padded to 4 floats: p and the sources 16-byte
+// aligned for every kind, read 4 edges at a time).
+// Floats of the per-warp query row: HD_k padded to 4 ('add' has HD_k = H).
+__host__ __device__ constexpr int smmf_q_floats(int HD_k) {
+  return (HD_k + 3) & ~3;
+}
+
 struct SmmfLayout {
   size_t v, att, scalars, warps, warp_bytes, total;
 };
@@ -28,7 +33,8 @@ __host__ __device__ inline SmmfLayout smmf_layout(int span, int H, int HD_k,
   L.scalars = align16(L.att + (size_t)HD_att * 4);
   L.warps = L.scalars + 16;
   L.warp_bytes =
-      align16((size_t)(HD_k + H * kRowChunk + 3 * H + kRowChunk) * 4);
+      align16((size_t)(smmf_q_floats(HD_k) + H * kRowChunk + 3 * H +
+                       kRowChunk) * 4);
   L.total = L.warps + (size_t)warps * L.warp_bytes;
   return L;
 }
@@ -114,8 +120,8 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
   const bool feature_lanes = (std::is_same_v<T, float> || LANES) && VW > 1 &&
                              KIND != kAdd && feature_lanes_fit(HD_k, D);
 
-  // a value row of one vector per lane, p / j aligned for 4-edge reads
-  const bool one_slot = slots == kWarpSize && (HD_k & 3) == 0;
+  // a value row of one vector per lane (p / j aligned for 4-edge reads)
+  const bool one_slot = slots == kWarpSize;
   auto v_row = [&](int e) -> const T* { return vb + (OFF)w.j[e] * HF; };
   auto get_p = [&](int e, int h) -> float { return w.p[h * C + e]; };
   uint64_t seed, offset;
@@ -370,7 +376,7 @@ __global__ void __launch_bounds__(kSmmfMaxThreads)
   float* base = reinterpret_cast<float*>(smem + L.warps + warp * L.warp_bytes);
   SmmfWarp w;
   w.q = base;
-  w.p = w.q + HD_k;
+  w.p = w.q + smmf_q_floats(HD_k);
   w.j = reinterpret_cast<int*>(w.p + H * kRowChunk);
   w.m = reinterpret_cast<float*>(w.j + kRowChunk);
   w.l = w.m + H;

@@ -195,8 +195,10 @@ def _stage_capacity(kind: str, query: Tensor, value: Tensor) -> int:
     beside its per-warp scratch (the kernel clamps to the exact layout)."""
     heads, f_out = value.shape[1], value.shape[2]
     hd_k = heads if kind == 'add' else heads * query.shape[-1]
-    # 32 warps (kSmmfStagedWarps) x (query row, 32-edge chunk, m / l / corr)
-    scratch = 32 * ((hd_k + heads * 35 + 32) * 4 + 16) + hd_k * 4 + 64
+    # 32 warps (kSmmfStagedWarps) x (query row padded to 4 floats, 32-edge
+    # chunk, m / l / corr)
+    scratch = 32 * (((hd_k + 3) // 4 * 4 + heads * 35 + 32) * 4 + 16) + \
+        hd_k * 4 + 64
     per_node = (hd_k + heads * f_out) * value.element_size()
     return max(0, (_smem_optin(value) - scratch) // per_node)
 
