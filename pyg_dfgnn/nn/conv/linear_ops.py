@@ -93,16 +93,17 @@ def _ones_column(like: Tensor) -> Tensor:
     return ones[:n].view(n, 1)
 
 
-def add_bias(out: Tensor, bias: Optional[Tensor], gpu_bound: bool) -> Tensor:
-    """``out + bias`` for a 2-D ``out``. In a ``gpu_bound`` step whose bias
-    gradient is asked for, as ``addmm(out, ones, bias)``: the same sum, and
-    the bias gradient a GEMV (``ones^T d out``) instead of autograd's row
-    reduction (see the module docstring), for ~2 more host ops. Under
-    autocast, ``out + bias`` (its promotion to the bias's dtype is PyG's
-    result)."""
+def add_bias(out: Tensor, bias: Optional[Tensor],
+             gpu_bound_step: bool) -> Tensor:
+    """``out + bias`` for a 2-D ``out``. In a GPU-bound step (``gpu_bound``
+    above) whose bias gradient is asked for, as ``addmm(out, ones, bias)``:
+    the same sum, and the bias gradient a GEMV (``ones^T d out``) instead of
+    autograd's row reduction (see the module docstring), for ~2 more host
+    ops. Under autocast, ``out + bias`` (its promotion to the bias's dtype
+    is PyG's result)."""
     if bias is None:
         return out
-    if (not gpu_bound or out.dim() != 2 or out.dtype != bias.dtype
+    if (not gpu_bound_step or out.dim() != 2 or out.dtype != bias.dtype
             or not (bias.requires_grad and torch.is_grad_enabled())
             or out.size(1) < COLUMN_SUM_GEMV_MIN_WIDTH or out.size(0) == 0
             or torch.is_autocast_enabled(out.device.type)):

@@ -68,12 +68,12 @@ def node_scores(x: Tensor, att: Tensor, mean_degree: float) -> Tensor:
 
 def node_score_pair(x: Tensor, att_src: Tensor, att_dst: Tensor,
                     mean_degree: float,
-                    gpu_bound: bool) -> Tuple[Tensor, Tensor]:
+                    gpu_bound_step: bool) -> Tuple[Tensor, Tensor]:
     """``node_scores`` of one ``x`` [N, H, C] against two ``att`` vectors;
-    in a ``gpu_bound`` step (linear_ops.gpu_bound: the pair costs ~4 more
-    host ops) by one GEMM where the GEMM form applies (the two [N, H]
+    in a GPU-bound step (linear_ops.gpu_bound: the pair costs ~4 more host
+    ops) by one GEMM where the GEMM form applies (the two [N, H]
     results are column blocks of one [N, 2H] product)."""
-    if not (gpu_bound and _gemm_form(x, mean_degree)):
+    if not (gpu_bound_step and _gemm_form(x, mean_degree)):
         return (node_scores(x, att_src, mean_degree),
                 node_scores(x, att_dst, mean_degree))
     N, H, C = x.shape
