@@ -18,12 +18,10 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, 'benchmarks')]
 from graphs import make_dfgraph  # noqa: E402
+from kernels import DTYPES  # noqa: E402
 
 import pyg_dfgnn  # noqa: E402
 from pyg_dfgnn.ops import cuda  # noqa: E402
-
-DTYPES = {'fp32': torch.float32, 'fp16': torch.float16,
-          'bf16': torch.bfloat16}
 
 
 def per_call_us(fn, iters):

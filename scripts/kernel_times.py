@@ -23,9 +23,8 @@ from torch.profiler import ProfilerActivity, profile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, 'benchmarks')]
 from graphs import GraphSpec, make_dfgraph  # noqa: E402
+from kernels import DTYPES  # noqa: E402
 
-DTYPES = {'fp32': torch.float32, 'fp16': torch.float16,
-          'bf16': torch.bfloat16}
 DEFAULT = ','.join(f'{g}:{s}:{d}:{k}' for g in ('pubmed-like', 'cora-like',
                                                  'arxiv-like')
                    for s in ('1x128', '4x32') for d in ('bf16', 'fp16')

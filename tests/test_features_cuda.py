@@ -549,9 +549,9 @@ def test_weights_gradient_only_when_used(kind, dtype, use_weights,
 def test_block_rows_with_short_half_cols(kind, dtype, dropout, monkeypatch):
     """Half precision on a dense batch (mean in-degree >= 16, columns of at
     most 60 edges, 2 x 64 heads: not narrow): the automatic rule runs the
-    block rows pass and the short cols pass (short_owners' any_density), which reads
-    the rows pass's (p, ds) and D_i and draws the same dropout mask. Out,
-    the weights and every gradient against the reference."""
+    block rows pass and the short cols pass (short_owners' any_density),
+    which reads the rows pass's (p, ds) and D_i and draws the same dropout
+    mask. Out, the weights and every gradient against the reference."""
     cuda = _cuda()
     monkeypatch.delenv('PYG_DFGNN_SHORT_ROWS', raising=False)
     seed = zlib.crc32(f'half-cols{kind}{dtype}{dropout}'.encode())

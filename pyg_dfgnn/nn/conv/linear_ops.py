@@ -67,21 +67,14 @@ def gpu_bound(x: Tensor, num_edges: int) -> bool:
     return num_edges * row_bytes >= GPU_BOUND_EDGE_BYTES
 
 
-def column_sum(grad: Tensor) -> Tensor:
-    """``grad.sum(0)`` of a 2-D gradient, as a GEMV where that is faster."""
-    if grad.is_cuda and grad.size(1) >= COLUMN_SUM_GEMV_MIN_WIDTH \
-            and grad.size(0) > 0:
-        return torch.mv(grad.t(), grad.new_ones(grad.size(0)))
-    return grad.sum(0)
-
-
 _ones: Dict[Tuple, Tensor] = {}
 
 
 def _ones_column(like: Tensor) -> Tensor:
-    """[N, 1] ones for ``like`` [N, C]: a view of one cached vector per
-    device and dtype, grown as needed (not while a CUDA graph captures or
-    torch.compile traces: then a fresh one)."""
+    """[N, 1] ones for ``like`` [N, C] (the GEMV sums' right-hand side): a
+    view of one cached vector per device and dtype, grown as needed (not
+    while a CUDA graph captures or torch.compile traces: then a fresh
+    one)."""
     n = like.size(0)
     key = (like.device, like.dtype)
     ones = _ones.get(key)
@@ -91,6 +84,14 @@ def _ones_column(like: Tensor) -> Tensor:
                 like.is_cuda and torch.cuda.is_current_stream_capturing())):
             _ones[key] = ones
     return ones[:n].view(n, 1)
+
+
+def column_sum(grad: Tensor) -> Tensor:
+    """``grad.sum(0)`` of a 2-D gradient, as a GEMV where that is faster."""
+    if grad.is_cuda and grad.size(1) >= COLUMN_SUM_GEMV_MIN_WIDTH \
+            and grad.size(0) > 0:
+        return torch.mv(grad.t(), _ones_column(grad).view(-1))
+    return grad.sum(0)
 
 
 def add_bias(out: Tensor, bias: Optional[Tensor],
