@@ -109,26 +109,28 @@ struct FwdArgs {
 // lane's feature vectors (slot c0 + ls + s * group). `row_of(e)` gives the
 // value row of edge e (global or staged in shared memory). Lanes of one edge
 // group (lane / group) take every `epar`-th edge; reduce_edge_groups sums them.
-template <typename T, int VW, int SLOTS, typename RowOf, typename GetP>
+// UNROLL neighbour rows are in flight per lane.
+template <typename T, int VW, int SLOTS, int UNROLL = kUnroll,
+          typename RowOf, typename GetP>
 __device__ __forceinline__ void spmm_accumulate(
     float (&acc)[SLOTS][VW], int slots, int c0, int group, int ls, int sub,
     int lo, int hi, const int (&hs)[SLOTS], RowOf row_of, GetP get_p) {
   const int epar = kWarpSize / group;
   int e = lo + sub;
-  for (; e + (kUnroll - 1) * epar < hi; e += kUnroll * epar) {
-    const T* rows[kUnroll];
+  for (; e + (UNROLL - 1) * epar < hi; e += UNROLL * epar) {
+    const T* rows[UNROLL];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) rows[u] = row_of(e + u * epar);
+    for (int u = 0; u < UNROLL; ++u) rows[u] = row_of(e + u * epar);
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const int sl = c0 + ls + s * group;
       if (sl < slots) {
-        float x[kUnroll][VW];
+        float x[UNROLL][VW];
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u)
+        for (int u = 0; u < UNROLL; ++u)
           load_vec<T, VW>(rows[u] + (int64_t)sl * VW, x[u]);
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
+        for (int u = 0; u < UNROLL; ++u) {
           const float p = get_p(e + u * epar, hs[s]);
 #pragma unroll
           for (int i = 0; i < VW; ++i) acc[s][i] = fmaf(p, x[u][i], acc[s][i]);

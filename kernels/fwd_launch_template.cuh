@@ -3,9 +3,11 @@
 // instantiated per dtype in its own translation unit.
 #pragma once
 
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "dispatch.cuh"
@@ -208,6 +210,22 @@ void run_smmf(const Launch& L) {
   run_alpha<scalar_t>(L, scores);
 }
 
+// PMF's SDDMM with a key row's vectors over the lanes (pmf_sddmm_lanes_kernel):
+// 16-byte vectors, a key row of <= 32 of them and a head of >= 1, both
+// powers of two ('add' has no key rows).
+inline bool sddmm_lanes(const Launch& L, int vw) {
+  const int64_t HD = L.H * L.D;
+  auto pow2 = [](int64_t x) { return x > 0 && (x & (x - 1)) == 0; };
+  return L.vec && L.kind != kAdd && L.D % vw == 0 && pow2(HD / vw) &&
+         HD / vw <= kWarpSize && pow2(L.D / vw);
+}
+
+inline int ilog2(int64_t x) {
+  int k = 0;
+  while ((int64_t{1} << (k + 1)) <= x) ++k;
+  return k;
+}
+
 template <typename scalar_t>
 void run_pmf(const Launch& L) {
   const int64_t n_dst = L.n_dst, n_edges = L.n_edges, H = L.H, F = L.F;
@@ -238,7 +256,33 @@ void run_pmf(const Launch& L) {
   PYG_DFGNN_DISPATCH_INDEX(L.col.scalar_type(), "fused_attention_fwd", [&] {
     PYG_DFGNN_DISPATCH_BOOL(L.vec, VEC, [&] {
       const auto a = make_args<scalar_t, index_t, VEC>(L);
-      if (n_edges > 0 && !add_scores) {
+      constexpr int VW = Vec<scalar_t>::kWidth;
+      const int64_t row_vecs = H * L.D / VW, head_vecs = L.D / VW;
+      if (n_edges > 0 && !add_scores && sddmm_lanes(L, VW)) {
+        // a run of >= 8 steps per warp, up to 32 while ~48 warps per SM
+        // still have work
+        const int64_t step_edges = 8 * (kWarpSize / row_vecs);
+        const int64_t sms = at::cuda::getCurrentDeviceProperties()
+                                ->multiProcessorCount;
+        const int64_t steps = std::min<int64_t>(
+            32, std::max<int64_t>(
+                    1, n_edges / (step_edges * sms * 48)));
+        const int64_t edges_per_warp = steps * step_edges;
+        const int64_t warps = (n_edges + edges_per_warp - 1) / edges_per_warp;
+        const int64_t blocks = (warps + kWarps - 1) / kWarps;
+        PYG_DFGNN_DISPATCH_KIND(L.kind, [&] {
+         PYG_DFGNN_DISPATCH_FEAT(L.feature_level(), false, false, false, FEAT,
+                                 [&] {
+          if constexpr (KIND != kAdd) {
+            pmf_sddmm_lanes_kernel<scalar_t, index_t, KIND, FEAT>
+                <<<(unsigned)blocks, kThreads, 0, stream>>>(
+                    a, scores.data_ptr<float>(), ilog2(row_vecs),
+                    ilog2(head_vecs), edges_per_warp);
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+          }
+         });
+        });
+      } else if (n_edges > 0 && !add_scores) {
         const int group = L.kind == kAdd ? 1 : L.qk_group;
         const int64_t items = n_edges * H;
         const int64_t items_per_warp =
@@ -258,16 +302,26 @@ void run_pmf(const Launch& L) {
      PYG_DFGNN_DISPATCH_FEAT(L.feature_level(), false, false, false, FEAT,
                                  [&] {
       PYG_DFGNN_DISPATCH_BOOL(add_scores, ADD_SCORES, [&] {
-      auto kernel =
-          pmf_softmax_spmm_kernel<scalar_t, index_t, VEC, FEAT, ADD_SCORES>;
-      allow_smem(kernel, bytes);
-      kernel<<<(unsigned)((seg_bound + kWarps - 1) / kWarps), kThreads, bytes,
-               stream>>>(a, add_scores ? nullptr : scores.data_ptr<float>(),
-                         seg_ptr.data_ptr<int64_t>(),
-                         slot_ptr.data_ptr<int64_t>(),
-                         part_acc.data_ptr<float>(), part_ml.data_ptr<float>(),
-                         seg_bound);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      auto go = [&](auto kernel) {
+        allow_smem(kernel, bytes);
+        kernel<<<(unsigned)((seg_bound + kWarps - 1) / kWarps), kThreads,
+                 bytes, stream>>>(
+            a, add_scores ? nullptr : scores.data_ptr<float>(),
+            seg_ptr.data_ptr<int64_t>(), slot_ptr.data_ptr<int64_t>(),
+            part_acc.data_ptr<float>(), part_ml.data_ptr<float>(), seg_bound);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      };
+      // A lane with one feature vector of the row (H * F <= 32 vectors):
+      // one accumulator, eight neighbour rows in flight instead of four.
+      if constexpr (VEC) {
+        if (H * F / Vec<scalar_t>::kWidth <= L.v_group) {
+          go(pmf_softmax_spmm_kernel<scalar_t, index_t, VEC, FEAT, ADD_SCORES,
+                                     true>);
+          return;
+        }
+      }
+      go(pmf_softmax_spmm_kernel<scalar_t, index_t, VEC, FEAT, ADD_SCORES,
+                                 false>);
       });
      });
     });

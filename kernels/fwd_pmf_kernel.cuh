@@ -67,10 +67,122 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// a'. the same SDDMM with a key row's 16-byte vectors over the lanes, where
+// a key row (H * D) is S <= 32 vectors and a head's D is G of them (both
+// powers of two): a warp walks a run of consecutive edges, 32 / S edges a
+// step and eight steps before it sums: each lane's eight partial dot
+// products are summed over its head's G lanes by one transposing butterfly
+// (transpose_sum8: 7 + log2(G / 8) shuffles for eight edges instead of
+// 8 log2(G)), the query vector stays in registers while the row lasts, and
+// the (edge, head) index division and per-item row walk of (a.) go. (a.)
+// spent ~3x these instructions per edge and was issue-bound on reddit-like.
+template <typename T, typename I, int KIND, int FEAT>
+__global__ void __launch_bounds__(kThreads, 3)  // <= 85 registers
+    pmf_sddmm_lanes_kernel(FwdArgs<T, I> a, float* __restrict__ scores,
+                           int row_vecs_log2, int head_vecs_log2,
+                           int64_t edges_per_warp) {
+  constexpr int VW = Vec<T>::kWidth;
+  constexpr int U = 8;  // steps summed at once (transpose_sum8)
+  using Raw = typename RawWords<16>::type;
+  const int H = a.H;
+  const int64_t HD = (int64_t)H * a.D;
+  const int64_t n_edges = a.rowptr[a.n_dst];
+  const int lane = threadIdx.x % kWarpSize;
+  const int S = 1 << row_vecs_log2, G = 1 << head_vecs_log2;
+  const int sub = lane >> row_vecs_log2, s = lane & (S - 1);
+  const int h = s >> head_vecs_log2;
+  const int edges_per_step = kWarpSize >> row_vecs_log2;
+  const int64_t gw =
+      ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / kWarpSize;
+  const int64_t start = gw * edges_per_warp;
+  const int64_t end = n_edges < start + edges_per_warp ? n_edges
+                                                       : start + edges_per_warp;
+  if (start >= end) return;
+  auto unpack = [](const Raw& w, float (&x)[VW]) {
+    union {
+      Raw w;
+      T t[VW];
+    } u;
+    u.w = w;
+#pragma unroll
+    for (int i = 0; i < VW; ++i) x[i] = to_float(u.t[i]);
+  };
+  float att[VW];
+  if constexpr (KIND != kDot) load_vec<T, VW>(a.att + (int64_t)s * VW, att);
+  int64_t r = find_row(a.rowptr, a.n_dst, start + sub);
+  int64_t q_row = -1;
+  float q[VW];
+  const bool writer = transpose8_writer(lane, G);
+  constexpr bool kEdgeKeys = kHasEdgeKV<FEAT>;
+  const bool edge_keys = kEdgeKeys && a.et.ek != nullptr;
+  const int item0 = transpose8_item(lane, G);
+  for (int64_t base = start; base < end; base += U * edges_per_step) {
+    Raw kr[U], er[kEdgeKeys ? U : 1];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t e = base + u * edges_per_step + sub;
+      kr[u] = Raw{};
+      if constexpr (kEdgeKeys) er[u] = Raw{};
+      if (e < end) {
+        kr[u] = *reinterpret_cast<const Raw*>(
+            a.k + (int64_t)a.col[e] * HD + (int64_t)s * VW);
+        if constexpr (kEdgeKeys) {
+          if (edge_keys)
+            er[u] = *reinterpret_cast<const Raw*>(a.et.ek + e * HD +
+                                                  (int64_t)s * VW);
+        }
+      }
+    }
+    float acc[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t e = base + u * edges_per_step + sub;
+      acc[u] = 0.f;
+      if (e < end) {
+        while (a.rowptr[r + 1] <= e) ++r;
+        if (r != q_row) {
+          load_vec<T, VW>(a.q + r * HD + (int64_t)s * VW, q);
+          q_row = r;
+        }
+        float kx[VW];
+        unpack(kr[u], kx);
+        if constexpr (kEdgeKeys) {
+          if (edge_keys) {
+            float ex[VW];
+            unpack(er[u], ex);
+#pragma unroll
+            for (int i = 0; i < VW; ++i) kx[i] += ex[i];
+          }
+        }
+        acc[u] = score_vec<KIND, VW>(q, kx, att, a.slope, 0.f);
+      }
+    }
+    const int k = transpose_sum8(acc, G);
+    if (writer) {
+#pragma unroll
+      for (int i = 0; i < U; ++i) {
+        if (i < k) {
+          const int64_t e = base + (item0 + i) * edges_per_step + sub;
+          if (e < end) {
+            const int64_t it = e * H + h;
+            float sc = KIND == kDot ? acc[i] * a.scale : acc[i];
+            if (KIND == kDot && (kHasScore<FEAT> && a.et.es != nullptr))
+              sc += to_float(a.et.es[it]);
+            scores[it] = sc;
+          }
+        }
+      }
+    }
+  }
+}
+
 // b. softmax + SpMM, a warp per segment. ADD_SCORES: 'add' scores computed
 // here (a scalar op per edge and head, the same as the SDDMM's) instead of
 // read from an [E, H] buffer that then never exists.
-template <typename T, typename I, bool VEC, int FEAT, bool ADD_SCORES>
+// ONE_SLOT: a lane owns one feature vector (H * F <= 32 vectors): one
+// accumulator and eight neighbour rows in flight per lane.
+template <typename T, typename I, bool VEC, int FEAT, bool ADD_SCORES,
+          bool ONE_SLOT>
 __global__ void __launch_bounds__(kThreads)
     pmf_softmax_spmm_kernel(FwdArgs<T, I> a, const float* __restrict__ scores,
                             const int64_t* __restrict__ seg_ptr,
@@ -78,7 +190,8 @@ __global__ void __launch_bounds__(kThreads)
                             float* __restrict__ part_acc,
                             float* __restrict__ part_ml, int64_t n_seg_bound) {
   constexpr int VW = Width<T, VEC>::kVW;
-  constexpr int SLOTS = Width<T, VEC>::kSlots;
+  constexpr int SLOTS = ONE_SLOT ? 1 : Width<T, VEC>::kSlots;
+  constexpr int UNROLL = ONE_SLOT ? 2 * kUnroll : kUnroll;
   extern __shared__ __align__(16) unsigned char smem[];
   const int H = a.H, F = a.F;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
@@ -148,10 +261,10 @@ __global__ void __launch_bounds__(kThreads)
       }
       if (lane < tn) s_j[lane] = (int64_t)a.col[es + t0 + lane];
       __syncwarp();
-      spmm_accumulate<T, VW, SLOTS>(acc, slots, c0, group, ls, sub, 0, tn, hs,
-                                    v_row, get_p);
+      spmm_accumulate<T, VW, SLOTS, UNROLL>(acc, slots, c0, group, ls, sub, 0,
+                                            tn, hs, v_row, get_p);
       if (kHasEdgeKV<FEAT> && a.et.ev != nullptr)
-        spmm_accumulate<T, VW, SLOTS>(
+        spmm_accumulate<T, VW, SLOTS, UNROLL>(
             acc, slots, c0, group, ls, sub, 0, tn, hs,
             [&](int e) -> const T* { return a.et.ev + (es + t0 + e) * HF; },
             get_p);

@@ -1,9 +1,10 @@
 """Run the SMMF forward and the backward once per case for `ncu`
 (kernel-level profile); mode ``tc``: the tensor-core windows' forward and
-backward (strategy 2).
+backward (strategy 2); ``pmf``: PMF's forward and the backward without
+windows.
 
     ncu --kernel-name regex:"smmf_fwd|bwd_kernel|tc_" --section ... \
-        python scripts/profile_kernels.py [graph:HxF:staged|plain|tc[:dtype],...]
+        python scripts/profile_kernels.py [graph:HxF:staged|plain|tc|pmf[:dtype],...]
 """
 import os
 import sys
@@ -40,8 +41,10 @@ def main():
             win, span = graph.row_windows(cuda._stage_capacity('dot', q, v))
             cwin, cspan = graph.col_windows(
                 cuda._col_stage_capacity('dot', q, v))
-        if mode == 'plain':
+        if mode in ('plain', 'pmf'):
             win, span, cwin, cspan = None, 0, None, 0
+        if mode == 'pmf':
+            strategy = 1
         print(case, 'strategy', strategy, 'windows',
               None if win is None else win.numel() - 1, 'span', span,
               flush=True)

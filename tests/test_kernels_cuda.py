@@ -240,6 +240,48 @@ def test_int64_col(kind, strategy):
              grad=False, index_dtype=torch.int64)
 
 
+# (dtype, H, D) where a key row is 1..32 16-byte vectors and a head 1..32
+LANES_SHAPES = [(torch.float32, h, d) for h, d in
+                ((1, 4), (2, 4), (1, 8), (4, 8), (1, 32), (4, 32), (1, 128),
+                 (8, 16), (2, 64))] + \
+               [(torch.bfloat16, h, d) for h, d in
+                ((1, 8), (2, 8), (1, 16), (4, 32), (2, 64), (1, 128))]
+
+
+@pytest.mark.parametrize('kind', ('dot', 'gatv2'))
+@pytest.mark.parametrize('dtype,heads,d', LANES_SHAPES)
+def test_pmf_sddmm_lanes_shapes(kind, dtype, heads, d):
+    """PMF's SDDMM with the key row over the lanes (every head width G =
+    1..32 vectors of the transposing sum, rows of 1..32 vectors, so 1..32
+    edges per step), on a super-node graph with short and empty rows, fp32
+    and bf16, forward and backward against the reference."""
+    cuda = _cuda()
+    rng = random.Random(f'{kind}-{dtype}-{heads}-{d}')
+    run_case(cuda, rng, kind, dtype, 'pmf', 'super', heads, d, 16)
+
+
+def test_pmf_sddmm_lanes_kernel_is_used():
+    """The lanes SDDMM runs where its shapes allow (1 x 128 fp32), the
+    item-parallel one elsewhere (3 heads: a key row of 3 x 16 floats)."""
+    cuda = _cuda()
+    from torch.profiler import ProfilerActivity, profile
+    ei, (n, _) = random_graph('super', random.Random(2))
+    graph = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
+    names = {}
+    for heads, d in ((1, 128), (3, 16)):
+        gen = torch.Generator().manual_seed(0)
+        value, query, key, _ = make_inputs('dot', n, n, heads, d, d,
+                                           torch.float32, gen, False)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            cuda.fused_attention_cuda(graph, 'dot', value, query, key, None,
+                                      0.1, 0.2, strategy='pmf')
+            torch.cuda.synchronize()
+        names[heads] = ' '.join(e.name for e in prof.events())
+    assert 'pmf_sddmm_lanes_kernel' in names[1]
+    assert 'pmf_sddmm_kernel' in names[3]
+    assert 'pmf_sddmm_lanes_kernel' not in names[3]
+
+
 @pytest.mark.parametrize('heads,f', [(1, 128), (4, 32), (3, 17)])
 @pytest.mark.parametrize('kind', KINDS)
 def test_one_node_connected_to_all(kind, heads, f):
