@@ -216,8 +216,11 @@ void run_smmf(const Launch& L) {
 inline bool sddmm_lanes(const Launch& L, int vw) {
   const int64_t HD = L.H * L.D;
   auto pow2 = [](int64_t x) { return x > 0 && (x & (x - 1)) == 0; };
+  const int64_t kMax = int64_t{1} << 31;  // its 32-bit offsets
   return L.vec && L.kind != kAdd && L.D % vw == 0 && pow2(HD / vw) &&
-         HD / vw <= kWarpSize && pow2(L.D / vw);
+         HD / vw <= kWarpSize && pow2(L.D / vw) && L.n_edges * L.H < kMax &&
+         L.key.numel() < kMax && L.query.numel() < kMax &&
+         (!L.edge_key.defined() || L.edge_key.numel() < kMax);
 }
 
 inline int ilog2(int64_t x) {
@@ -257,13 +260,13 @@ void run_pmf(const Launch& L) {
     PYG_DFGNN_DISPATCH_BOOL(L.vec, VEC, [&] {
       const auto a = make_args<scalar_t, index_t, VEC>(L);
       constexpr int VW = Vec<scalar_t>::kWidth;
+      const int64_t sms =
+          at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
       const int64_t row_vecs = H * L.D / VW, head_vecs = L.D / VW;
       if (n_edges > 0 && !add_scores && sddmm_lanes(L, VW)) {
         // a run of >= 8 steps per warp, up to 32 while ~48 warps per SM
         // still have work
         const int64_t step_edges = 8 * (kWarpSize / row_vecs);
-        const int64_t sms = at::cuda::getCurrentDeviceProperties()
-                                ->multiProcessorCount;
         const int64_t steps = std::min<int64_t>(
             32, std::max<int64_t>(
                     1, n_edges / (step_edges * sms * 48)));
@@ -277,7 +280,7 @@ void run_pmf(const Launch& L) {
             pmf_sddmm_lanes_kernel<scalar_t, index_t, KIND, FEAT>
                 <<<(unsigned)blocks, kThreads, 0, stream>>>(
                     a, scores.data_ptr<float>(), ilog2(row_vecs),
-                    ilog2(head_vecs), edges_per_warp);
+                    ilog2(head_vecs), (int)edges_per_warp);
             C10_CUDA_KERNEL_LAUNCH_CHECK();
           }
          });
@@ -304,8 +307,14 @@ void run_pmf(const Launch& L) {
       PYG_DFGNN_DISPATCH_BOOL(add_scores, ADD_SCORES, [&] {
       auto go = [&](auto kernel) {
         allow_smem(kernel, bytes);
-        kernel<<<(unsigned)((seg_bound + kWarps - 1) / kWarps), kThreads,
-                 bytes, stream>>>(
+        // persistent warps: as many blocks as are resident at once
+        int per_sm = 0;
+        C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &per_sm, kernel, kThreads, bytes));
+        const int64_t resident = std::max(1, per_sm) * (int64_t)sms;
+        const int64_t blocks =
+            std::min((seg_bound + kWarps - 1) / kWarps, resident);
+        kernel<<<(unsigned)blocks, kThreads, bytes, stream>>>(
             a, add_scores ? nullptr : scores.data_ptr<float>(),
             seg_ptr.data_ptr<int64_t>(), slot_ptr.data_ptr<int64_t>(),
             part_acc.data_ptr<float>(), part_ml.data_ptr<float>(), seg_bound);
