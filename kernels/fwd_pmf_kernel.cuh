@@ -218,7 +218,8 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t kseg = seg - seg_ptr[r];
     const int64_t nseg = seg_ptr[r + 1] - seg_ptr[r];
     const int64_t es = a.rowptr[r] + kseg * kSegEdges;
-    const int64_t ee = es + kSegEdges < a.rowptr[r + 1] ? es + kSegEdges : a.rowptr[r + 1];
+    const int64_t ee = es + kSegEdges < a.rowptr[r + 1] ? es + kSegEdges
+                                                        : a.rowptr[r + 1];
     const int n = ee > es ? (int)(ee - es) : 0;
     auto score = [&](int64_t e, int h) -> float {
       if constexpr (ADD_SCORES) {
@@ -290,7 +291,8 @@ __global__ void __launch_bounds__(kThreads)
               for (int i = 0; i < VW; ++i) acc[s][i] *= inv;
               store_vec<T, VW>(a.out + r * HF + (int64_t)sl * VW, acc[s]);
             } else {
-              float* dst = part_acc + (slot_ptr[r] + kseg) * HF + (int64_t)sl * VW;
+              float* dst =
+                  part_acc + (slot_ptr[r] + kseg) * HF + (int64_t)sl * VW;
 #pragma unroll
               for (int i = 0; i < VW; ++i) dst[i] = acc[s][i];
             }
@@ -298,19 +300,10 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     }
-    if (lane < H) {
-      const int h = lane;
+    for (int h = lane; h < H; h += kWarpSize) {
       if (nseg == 1) {
-        a.lse[r * H + h] = n > 0 ? s_m[h] + logf(s_l[h] + 1e-16f) : -INFINITY;
-      } else {
-        float* ml = part_ml + (slot_ptr[r] + kseg) * 2 * H;
-        ml[h] = s_m[h];
-        ml[H + h] = s_l[h];
-      }
-    }
-    for (int h = kWarpSize + lane; h < H; h += kWarpSize) {  // H > 32
-      if (nseg == 1) {
-        a.lse[r * H + h] = n > 0 ? s_m[h] + logf(s_l[h] + 1e-16f) : -INFINITY;
+        a.lse[r * H + h] =
+            n > 0 ? s_m[h] + logf(s_l[h] + 1e-16f) : -INFINITY;
       } else {
         float* ml = part_ml + (slot_ptr[r] + kseg) * 2 * H;
         ml[h] = s_m[h];
