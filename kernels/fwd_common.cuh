@@ -19,10 +19,14 @@
 // PMF (rows too long for SMMF's shared memory; any degree):
 //   a. edge-parallel SDDMM -> scores [E, H] fp32 in global memory ('dot',
 //      'gatv2' and attention weights; 'add' otherwise forms its scalar
-//      scores in b., so that no [E, H] buffer exists);
-//   b. softmax + SpMM, a warp per segment of <= kSegEdges edges of one row;
-//      rows of one segment finish in place, longer rows write partial
-//      (max, sum, unnormalised acc) per segment;
+//      scores in b., so that no [E, H] buffer exists); where a key row is
+//      <= 32 16-byte vectors, a warp walks a run of edges with the row's
+//      vectors over its lanes (pmf_sddmm_lanes_kernel), else a lane group
+//      per (edge, head) item;
+//   b. softmax + SpMM over segments of <= kSegEdges edges of one row, a
+//      segment per warp at a time (persistent warps, round-robin); rows of
+//      one segment finish in place, longer rows write partial (max, sum,
+//      unnormalised acc) per segment;
 //   c. a combine kernel merges the segments of long rows (flash-decoding
 //      style), so one node connected to all others still spreads over the GPU.
 // Short rows (many rows of a few edges, plain path; run_smmf hands them
