@@ -14,6 +14,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, 'benchmarks')]
 from graphs import make_dfgraph  # noqa: E402
+from kernels import DTYPES  # noqa: E402
 
 
 def main():
@@ -23,28 +24,26 @@ def main():
     cases = sys.argv[1].split(',') if len(sys.argv) > 1 else [
         'pattern-like:1x128:staged', 'pattern-like:1x128:plain',
         'pubmed-like:1x128:plain']
-    dtypes = {'fp32': torch.float32, 'fp16': torch.float16,
-              'bf16': torch.bfloat16}
     for case in cases:
         name, shape, mode, *dt = case.split(':')
-        dtype = dtypes[dt[0] if dt else 'fp32']
+        if mode not in ('staged', 'plain', 'tc', 'pmf'):
+            raise SystemExit(f"{case}: mode must be staged, plain, tc or "
+                             f"pmf (got '{mode}')")
+        dtype = DTYPES[dt[0] if dt else 'fp32']
         h, f = (int(x) for x in shape.split('x'))
         graph, _, n = make_dfgraph(name, dev)
         q, k, v = (torch.randn(n, h, f, device=dev, dtype=dtype)
                    for _ in range(3))
-        strategy = 0
+        strategy = 1 if mode == 'pmf' else 0
+        win, span, cwin, cspan = None, 0, None, 0  # plain / pmf
         if mode == 'tc':
             plan = cuda._plan(graph, 'dot', q, v, cuda.TC, backward=True)
             strategy = plan[0]
             win, span, cwin, cspan = plan[2:6]
-        else:
+        elif mode == 'staged':
             win, span = graph.row_windows(cuda._stage_capacity('dot', q, v))
             cwin, cspan = graph.col_windows(
                 cuda._col_stage_capacity('dot', q, v))
-        if mode in ('plain', 'pmf'):
-            win, span, cwin, cspan = None, 0, None, 0
-        if mode == 'pmf':
-            strategy = 1
         print(case, 'strategy', strategy, 'windows',
               None if win is None else win.numel() - 1, 'span', span,
               flush=True)
