@@ -147,18 +147,47 @@ void launch(const BwdArgs<T, I>& args, const at::Tensor& ptr,
   }
 }
 
-// A pass for short owners (bwd_short_kernel.cuh): a warp per owner.
+// A pass for short owners (bwd_short_kernel.cuh): a warp per owner; a
+// block per window with its neighbours' rows staged where the owner
+// windows (int32 indices) fit kShortStagedMaxBytes -- two blocks per SM --
+// unless PYG_DFGNN_STAGED_ROWS=0 (short_rows.cuh).
 // (instantiated only where it can be taken: the vector kernels)
+constexpr size_t kShortStagedMaxBytes = 112 * 1024;
 template <typename T, typename I, int KIND, bool VEC, int FEAT, bool COLS>
-void launch_short(const BwdArgs<T, I>& a, int lanes) {
+void launch_short(const BwdArgs<T, I>& a, int lanes,
+                  const at::Tensor& windows, int64_t stage_nodes) {
   if constexpr (KIND != kGatv2 && VEC) {
     constexpr int VW = Vec<T>::kWidth;
     const int64_t blocks = short_blocks(a.n_owner, lanes, kShortThreads);
     if (blocks <= 0) return;
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+    size_t bytes = 0;
+    if (windows.defined() && windows.numel() >= 2 && stage_nodes > 0 &&
+        staged_rows_allowed()) {
+      const int HF = a.H * a.F;
+      bytes = short_staged_layout((int)stage_nodes,
+                                  short_staged_a<KIND, COLS>(a.H, HF), HF,
+                                  sizeof(T))
+                  .total;
+      if (bytes > kShortStagedMaxBytes) bytes = 0;
+    }
+    if constexpr (std::is_same_v<I, int32_t>) {
+      if (bytes > 0) {
+        auto kernel = staged_short_bwd_kernel<T, I, KIND, VW, FEAT, COLS>;
+        if (bytes > 48 * 1024)
+          C10_CUDA_CHECK(cudaFuncSetAttribute(
+              kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+              (int)bytes));
+        kernel<<<(unsigned)(windows.numel() - 1), kShortStagedThreads, bytes,
+                 stream>>>(a, windows.data_ptr<int64_t>(), lanes,
+                           (int)stage_nodes);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        return;
+      }
+    }
     auto kernel = COLS ? short_cols_bwd_kernel<T, I, KIND, VW, FEAT>
                        : short_rows_bwd_kernel<T, I, KIND, VW, FEAT>;
-    kernel<<<(unsigned)blocks, kShortThreads, 0,
-             c10::cuda::getCurrentCUDAStream()>>>(a, lanes);
+    kernel<<<(unsigned)blocks, kShortThreads, 0, stream>>>(a, lanes);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 }
@@ -247,7 +276,8 @@ void run_passes(Args& A, int optin) {
         nullptr, fopt);
   };
   if (short_rows)
-    launch_short<T, I, KIND, VEC, FEAT, false>(r, lanes);
+    launch_short<T, I, KIND, VEC, FEAT, false>(r, lanes, A.windows,
+                                               A.stage_nodes);
   else if (kLanesOk && rows_lanes)
     rows(std::bool_constant<kLanesOk>{});
   else
@@ -271,7 +301,8 @@ void run_passes(Args& A, int optin) {
   c.group = std::min(32, next_pow2(slots_k + slots_v));
   at::Tensor att_part;
   if (short_cols) {
-    launch_short<T, I, KIND, VEC, FEAT, true>(c, lanes);
+    launch_short<T, I, KIND, VEC, FEAT, true>(c, lanes, A.col_windows,
+                                              A.col_stage_nodes);
     return;
   }
   PYG_DFGNN_DISPATCH_BOOL(lean, LEAN, [&] {

@@ -47,6 +47,7 @@ struct Launch {
   bool vec;
   double scale, negative_slope;
   bool one_tf32 = false;  // TC, fp32: 1xTF32 products (strategy 5, opt-in)
+  int64_t stage_nodes = 0;  // the windows' widest span, as given
 };
 
 template <typename Kernel>
@@ -133,6 +134,22 @@ inline bool short_rows(const Launch& L, int vw) {
                       L.max_in_degree, (int)(L.F / vw));
 }
 
+// Shared memory a staged short-row block asks for with `span` sources, or 0
+// where the rows are not staged: no windows, a window whose sources SMMF's
+// capacity clamped (stage_span < the windows' widest), or more than
+// kRowsStagedMaxBytes (two blocks of kRowsStagedThreads per SM).
+constexpr size_t kRowsStagedMaxBytes = 112 * 1024;
+inline size_t rows_staged_bytes(const Launch& L) {
+  if (!L.windows.defined() || L.stage_span <= 0 ||
+      L.stage_span < L.stage_nodes || !staged_rows_allowed())
+    return 0;
+  const int64_t HF = L.H * L.F, HD_k = L.kind == kAdd ? L.H : HF;
+  const size_t bytes = rows_staged_layout((int)L.stage_span, (int)HD_k,
+                                          (int)HF, L.value.element_size())
+                           .total;
+  return bytes <= kRowsStagedMaxBytes ? bytes : 0;
+}
+
 template <typename scalar_t>
 void run_rows(const Launch& L) {
   constexpr int VW = Vec<scalar_t>::kWidth;
@@ -142,6 +159,7 @@ void run_rows(const Launch& L) {
   auto a = make_args<scalar_t, int32_t, true>(L);
   const at::Tensor scores = scores_buffer(L);
   if (scores.defined()) a.scores = scores.data_ptr<float>();
+  const size_t staged_bytes = rows_staged_bytes(L);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   PYG_DFGNN_DISPATCH_KIND(L.kind, [&] {
     if constexpr (KIND != kGatv2) {
@@ -149,8 +167,17 @@ void run_rows(const Launch& L) {
       // registers, dropout without the others')
       PYG_DFGNN_DISPATCH_FEAT(L.feature_level(), KIND == kAdd, true, true,
                               FEAT, [&] {
-        rows_fwd_kernel<scalar_t, int32_t, KIND, VW, FEAT>
-            <<<(unsigned)blocks, kThreads, 0, stream>>>(a, lanes);
+        if (staged_bytes > 0) {
+          auto kernel = staged_rows_fwd_kernel<scalar_t, int32_t, KIND, VW,
+                                               FEAT>;
+          allow_smem(kernel, staged_bytes);
+          kernel<<<(unsigned)(L.windows.numel() - 1), kRowsStagedThreads,
+                   staged_bytes, stream>>>(
+              a, L.windows.data_ptr<int64_t>(), lanes, (int)L.stage_span);
+        } else {
+          rows_fwd_kernel<scalar_t, int32_t, KIND, VW, FEAT>
+              <<<(unsigned)blocks, kThreads, 0, stream>>>(a, lanes);
+        }
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       });
     }

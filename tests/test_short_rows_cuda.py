@@ -9,6 +9,7 @@ kernels, and the automatic rule takes them for many short owners only (>=
 16,384 warps, mean degree <= 8, longest <= 64; rows and columns apart in
 the backward).
 """
+import contextlib
 import math
 import zlib
 
@@ -188,3 +189,129 @@ def test_automatic_rule_narrow_heads(monkeypatch):
                                    (star.flip(0), (4, 16), rows)]:
         ran = rule_run(cuda, ei, n, heads, f, torch.float32, gen)
         assert ran == expect, (heads, f, ran)
+
+
+def batch_of(gen, graphs, nodes, degree):
+    """A batch of `graphs` random graphs of `nodes` nodes, ~`degree` in-edges
+    a node (some rows empty)."""
+    draws = nodes * degree
+    src = torch.randint(0, nodes, (graphs, draws), generator=gen)
+    dst = torch.randint(0, nodes, (graphs, draws), generator=gen)
+    off = (torch.arange(graphs) * nodes).view(-1, 1)
+    return torch.stack([(src + off).flatten(), (dst + off).flatten()]), \
+        graphs * nodes
+
+
+STAGED_KERNELS = ('staged_rows_fwd_kernel', 'staged_short_bwd_kernel')
+
+
+def staged_run(cuda, g, kind, leaves, scale, staged, setenv, profile=True,
+               **kw):
+    """Forward and backward (seeded: dropout draws the same mask; the same
+    upstream gradients), their results, and how many of the staged short
+    kernels ran (forward, rows pass, cols pass: 3; None without
+    ``profile``). ``setenv(name, value)`` sets PYG_DFGNN_STAGED_ROWS."""
+    setenv('PYG_DFGNN_STAGED_ROWS', '1' if staged else '0')
+    torch.manual_seed(7)
+    value, query, key = leaves
+    poison_allocator()
+    prof = torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CUDA]) if profile \
+        else contextlib.nullcontext()
+    with prof:
+        res = cuda.fused_attention_cuda(g, kind, value, query, key, None,
+                                        scale, 0.2, strategy='smmf', **kw)
+        res = res if isinstance(res, tuple) else (res, )
+        gen = torch.Generator().manual_seed(11)
+        loss = sum((r.float() * torch.randn(r.shape, generator=gen).cuda()
+                    ).sum() for r in res)
+        inputs = list(leaves) + [t for t in kw.values()
+                                 if isinstance(t, torch.Tensor) and
+                                 t.requires_grad]
+        grads = torch.autograd.grad(loss, inputs)
+        torch.cuda.synchronize()
+    ran = len({e.name for e in prof.events()
+               if any(k in e.name for k in STAGED_KERNELS)}) if profile \
+        else None
+    return tuple(r.detach() for r in res) + tuple(grads), ran
+
+
+def check_staged_matches_unstaged(cuda, setenv, kind, dtype, heads, f,
+                                  feature, batches=((60, 23, 2), (24, 71, 8)),
+                                  profile=True):
+    """Staged and unstaged short kernels on each batch (graphs, nodes,
+    in-degree): the same outputs and gradients bit for bit, and (with
+    ``profile``) the three staged kernels run. scripts/sanitize_cases.py
+    runs it under compute-sanitizer, without the profiler."""
+    gen = torch.Generator().manual_seed(
+        zlib.crc32(f'{kind}{dtype}{heads}{f}{feature}'.encode()))
+    for graphs, nodes, degree in batches:
+        ei, n = batch_of(gen, graphs, nodes, degree)
+        g = DFGraph.from_edge_index(ei.cuda(), size=(n, n))
+        leaves = make_inputs(kind, n, n, heads, f, f, dtype, gen, True)[:3]
+        kw = {}
+        if feature == 'edge_score':
+            kw['edge_score'] = torch.randn(
+                g.num_edges, heads, generator=gen).to(
+                    'cuda', dtype).requires_grad_()
+        elif feature == 'dropout':
+            kw['dropout'] = 0.3
+        elif feature == 'attention':
+            kw['attention'] = 'before_dropout'
+            kw['attention_perm'] = g.perm
+        scale = 1.0 / math.sqrt(f) if kind == 'dot' else 1.0
+        staged, ran = staged_run(cuda, g, kind, leaves, scale, True, setenv,
+                                 profile, **kw)
+        plain, ran_plain = staged_run(cuda, g, kind, leaves, scale, False,
+                                      setenv, profile, **kw)
+        tag = f'{graphs}x{nodes} {kind} {dtype} H={heads} F={f} {feature}'
+        if profile:
+            assert (ran, ran_plain) == (3, 0), tag
+        for a, b in zip(staged, plain):
+            assert torch.isfinite(a).all(), tag
+            assert torch.equal(a, b), tag
+
+
+@pytest.mark.parametrize('kind', ['dot', 'add'])
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16,
+                                   torch.float16])
+@pytest.mark.parametrize('heads,f', [(1, 128), (4, 32), (3, 8), (2, 16)])
+@pytest.mark.parametrize('feature', [None, 'edge_score', 'dropout',
+                                     'attention'])
+def test_staged_rows_match_unstaged(kind, dtype, heads, f, feature,
+                                    monkeypatch):
+    """The staged short kernels (a block per graph-aligned window, its
+    neighbours' rows in shared memory: the forward, the backward's rows and
+    cols passes) give the unstaged kernels' outputs and gradients bit for
+    bit -- the same walks -- on molecule- and mnist-sized batches, with each
+    training feature; and they are the kernels that run."""
+    cuda = _cuda()
+    monkeypatch.delenv('PYG_DFGNN_SHORT_ROWS', raising=False)
+    check_staged_matches_unstaged(cuda, monkeypatch.setenv, kind, dtype,
+                                  heads, f, feature)
+
+
+def test_staged_rows_window_wider_than_stage(monkeypatch):
+    """A caller that understates the windows' span (stage_nodes) gets the
+    windows that do not fit read from global memory, not past the staged
+    rows: the same outputs and gradients as unstaged."""
+    cuda = _cuda()
+    monkeypatch.delenv('PYG_DFGNN_SHORT_ROWS', raising=False)
+    gen = torch.Generator().manual_seed(3)
+    ei, n = batch_of(gen, 24, 71, 8)
+    g = DFGraph.from_edge_index(ei.cuda(), size=(n, n))
+    row_windows = DFGraph.row_windows
+
+    def narrow(self, max_nodes, pack_rows=64):
+        windows, span = row_windows(self, max_nodes, pack_rows)
+        return windows, (span // 2 if windows is not None else span)
+    monkeypatch.setattr(DFGraph, 'row_windows', narrow)
+    leaves = make_inputs('dot', n, n, 1, 128, 128, torch.float32, gen,
+                         True)[:3]
+    staged, ran = staged_run(cuda, g, 'dot', leaves, 0.1, True,
+                             monkeypatch.setenv)
+    plain, _ = staged_run(cuda, g, 'dot', leaves, 0.1, False,
+                          monkeypatch.setenv)
+    assert ran == 3
+    for a, b in zip(staged, plain):
+        assert torch.equal(a, b)
