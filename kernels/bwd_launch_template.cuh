@@ -161,26 +161,33 @@ void launch_short(const BwdArgs<T, I>& a, int lanes,
     const int64_t blocks = short_blocks(a.n_owner, lanes, kShortThreads);
     if (blocks <= 0) return;
     cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+    // the span a staged block stages (0: windows, rows read from global
+    // memory; -1: launch order)
+    int64_t span = -1;
     size_t bytes = 0;
+    const char mode = staged_rows_mode();
     if (windows.defined() && windows.numel() >= 2 && stage_nodes > 0 &&
-        staged_rows_allowed()) {
+        mode != '0') {
+      span = mode == '2' ? 0 : stage_nodes;
       const int HF = a.H * a.F;
-      bytes = short_staged_layout((int)stage_nodes,
+      bytes = short_staged_layout((int)span,
                                   short_staged_a<KIND, COLS>(a.H, HF), HF,
                                   sizeof(T))
                   .total;
-      if (bytes > kShortStagedMaxBytes) bytes = 0;
+      if (bytes > kShortStagedMaxBytes) span = -1;
     }
     if constexpr (std::is_same_v<I, int32_t>) {
-      if (bytes > 0) {
-        auto kernel = staged_short_bwd_kernel<T, I, KIND, VW, FEAT, COLS>;
+      if (span >= 0) {
+        auto kernel = COLS
+                          ? staged_short_cols_bwd_kernel<T, I, KIND, VW, FEAT>
+                          : staged_short_rows_bwd_kernel<T, I, KIND, VW, FEAT>;
         if (bytes > 48 * 1024)
           C10_CUDA_CHECK(cudaFuncSetAttribute(
               kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
               (int)bytes));
         kernel<<<(unsigned)(windows.numel() - 1), kShortStagedThreads, bytes,
                  stream>>>(a, windows.data_ptr<int64_t>(), lanes,
-                           (int)stage_nodes);
+                           (int)span);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
         return;
       }

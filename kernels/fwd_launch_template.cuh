@@ -139,15 +139,22 @@ inline bool short_rows(const Launch& L, int vw) {
 // capacity clamped (stage_span < the windows' widest), or more than
 // kRowsStagedMaxBytes (two blocks of kRowsStagedThreads per SM).
 constexpr size_t kRowsStagedMaxBytes = 112 * 1024;
-inline size_t rows_staged_bytes(const Launch& L) {
-  if (!L.windows.defined() || L.stage_span <= 0 ||
-      L.stage_span < L.stage_nodes || !staged_rows_allowed())
-    return 0;
+inline size_t rows_staged_bytes(const Launch& L, int64_t span) {
   const int64_t HF = L.H * L.F, HD_k = L.kind == kAdd ? L.H : HF;
-  const size_t bytes = rows_staged_layout((int)L.stage_span, (int)HD_k,
-                                          (int)HF, L.value.element_size())
-                           .total;
-  return bytes <= kRowsStagedMaxBytes ? bytes : 0;
+  return rows_staged_layout((int)span, (int)HD_k, (int)HF,
+                            L.value.element_size())
+      .total;
+}
+// The span a staged block stages (0: its rows read global memory), or -1
+// where the rows are not taken by windows.
+inline int64_t rows_stage_span(const Launch& L) {
+  const char mode = staged_rows_mode();
+  if (!L.windows.defined() || L.stage_span <= 0 ||
+      L.stage_span < L.stage_nodes || mode == '0')
+    return -1;
+  if (mode == '2') return 0;
+  return rows_staged_bytes(L, L.stage_span) <= kRowsStagedMaxBytes
+             ? L.stage_span : -1;
 }
 
 template <typename scalar_t>
@@ -159,7 +166,7 @@ void run_rows(const Launch& L) {
   auto a = make_args<scalar_t, int32_t, true>(L);
   const at::Tensor scores = scores_buffer(L);
   if (scores.defined()) a.scores = scores.data_ptr<float>();
-  const size_t staged_bytes = rows_staged_bytes(L);
+  const int64_t span = rows_stage_span(L);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   PYG_DFGNN_DISPATCH_KIND(L.kind, [&] {
     if constexpr (KIND != kGatv2) {
@@ -167,13 +174,14 @@ void run_rows(const Launch& L) {
       // registers, dropout without the others')
       PYG_DFGNN_DISPATCH_FEAT(L.feature_level(), KIND == kAdd, true, true,
                               FEAT, [&] {
-        if (staged_bytes > 0) {
+        if (span >= 0) {
           auto kernel = staged_rows_fwd_kernel<scalar_t, int32_t, KIND, VW,
                                                FEAT>;
-          allow_smem(kernel, staged_bytes);
+          const size_t bytes = rows_staged_bytes(L, span);
+          allow_smem(kernel, bytes);
           kernel<<<(unsigned)(L.windows.numel() - 1), kRowsStagedThreads,
-                   staged_bytes, stream>>>(
-              a, L.windows.data_ptr<int64_t>(), lanes, (int)L.stage_span);
+                   bytes, stream>>>(a, L.windows.data_ptr<int64_t>(), lanes,
+                                    (int)span);
         } else {
           rows_fwd_kernel<scalar_t, int32_t, KIND, VW, FEAT>
               <<<(unsigned)blocks, kThreads, 0, stream>>>(a, lanes);

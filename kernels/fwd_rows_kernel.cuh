@@ -196,10 +196,11 @@ __global__ void __launch_bounds__(kRowsStagedThreads, 2)
     s_lo[0] = INT32_MAX;
     s_lo[1] = -1;
   }
-  int src_lo = 0;
-  const int n_src = block_index_span(a.col, a.rowptr[r_begin],
-                                     a.rowptr[r_end], s_lo, src_lo);
-  const bool staged = n_src <= stage_span;  // block-uniform
+  int src_lo = 0, n_src = 0;
+  if (stage_span > 0)  // (0: the window's rows read from global memory)
+    n_src = block_index_span(a.col, a.rowptr[r_begin], a.rowptr[r_end],
+                             s_lo, src_lo);
+  const bool staged = stage_span > 0 && n_src <= stage_span;  // block-uniform
   if (staged && n_src > 0) {
     copy_to_smem<T, (KIND == kAdd ? 1 : VW)>(
         s_k, a.k + (int64_t)src_lo * HD_k, n_src * HD_k);

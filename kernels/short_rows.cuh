@@ -47,14 +47,15 @@ inline char short_rows_mode() {
   return env != nullptr && *env != '\0' ? env[0] : 'a';
 }
 
-// PYG_DFGNN_STAGED_ROWS (read per call): '0' keeps the short kernels
-// unstaged where windows would stage their neighbour rows (benchmarks
-// compare the two; the staged kernels: fwd_rows_kernel.cuh,
-// bwd_short_kernel.cuh).
-inline bool staged_rows_allowed() {
+// PYG_DFGNN_STAGED_ROWS (read per call): '0' keeps the short kernels in
+// launch order where windows would stage their neighbour rows, '2' takes
+// the windows' blocks without staging (L1 only); benchmarks compare them
+// (the staged kernels: fwd_rows_kernel.cuh, bwd_short_kernel.cuh).
+inline char staged_rows_mode() {
   const char* env = std::getenv("PYG_DFGNN_STAGED_ROWS");
-  return env == nullptr || *env != '0';
+  return env != nullptr && *env != '\0' ? env[0] : '1';
 }
+inline bool staged_rows_allowed() { return staged_rows_mode() != '0'; }
 
 // The shapes they take: no edge key / value (`edge_kv`), 'dot' with D = F
 // or 'add', vector rows, a head's lanes F / vw a power of two, one vector

@@ -202,7 +202,8 @@ def batch_of(gen, graphs, nodes, degree):
         graphs * nodes
 
 
-STAGED_KERNELS = ('staged_rows_fwd_kernel', 'staged_short_bwd_kernel')
+STAGED_KERNELS = ('staged_rows_fwd_kernel', 'staged_short_rows_bwd_kernel',
+                  'staged_short_cols_bwd_kernel')
 
 
 def staged_run(cuda, g, kind, leaves, scale, staged, setenv, profile=True,
