@@ -147,54 +147,18 @@ void launch(const BwdArgs<T, I>& args, const at::Tensor& ptr,
   }
 }
 
-// A pass for short owners (bwd_short_kernel.cuh): a warp per owner; a
-// block per window with its neighbours' rows staged where the owner
-// windows (int32 indices) fit kShortStagedMaxBytes -- two blocks per SM --
-// unless PYG_DFGNN_STAGED_ROWS=0 (short_rows.cuh).
+// A pass for short owners (bwd_short_kernel.cuh): a warp per owner.
 // (instantiated only where it can be taken: the vector kernels)
-constexpr size_t kShortStagedMaxBytes = 112 * 1024;
 template <typename T, typename I, int KIND, bool VEC, int FEAT, bool COLS>
-void launch_short(const BwdArgs<T, I>& a, int lanes,
-                  const at::Tensor& windows, int64_t stage_nodes) {
+void launch_short(const BwdArgs<T, I>& a, int lanes) {
   if constexpr (KIND != kGatv2 && VEC) {
     constexpr int VW = Vec<T>::kWidth;
     const int64_t blocks = short_blocks(a.n_owner, lanes, kShortThreads);
     if (blocks <= 0) return;
-    cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-    // the span a staged block stages (0: windows, rows read from global
-    // memory; -1: launch order)
-    int64_t span = -1;
-    size_t bytes = 0;
-    const char mode = staged_rows_mode();
-    if (windows.defined() && windows.numel() >= 2 && stage_nodes > 0 &&
-        mode != '0') {
-      span = mode == '2' ? 0 : stage_nodes;
-      const int HF = a.H * a.F;
-      bytes = short_staged_layout((int)span,
-                                  short_staged_a<KIND, COLS>(a.H, HF), HF,
-                                  sizeof(T))
-                  .total;
-      if (bytes > kShortStagedMaxBytes) span = -1;
-    }
-    if constexpr (std::is_same_v<I, int32_t>) {
-      if (span >= 0) {
-        auto kernel = COLS
-                          ? staged_short_cols_bwd_kernel<T, I, KIND, VW, FEAT>
-                          : staged_short_rows_bwd_kernel<T, I, KIND, VW, FEAT>;
-        if (bytes > 48 * 1024)
-          C10_CUDA_CHECK(cudaFuncSetAttribute(
-              kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-              (int)bytes));
-        kernel<<<(unsigned)(windows.numel() - 1), kShortStagedThreads, bytes,
-                 stream>>>(a, windows.data_ptr<int64_t>(), lanes,
-                           (int)span);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-        return;
-      }
-    }
     auto kernel = COLS ? short_cols_bwd_kernel<T, I, KIND, VW, FEAT>
                        : short_rows_bwd_kernel<T, I, KIND, VW, FEAT>;
-    kernel<<<(unsigned)blocks, kShortThreads, 0, stream>>>(a, lanes);
+    kernel<<<(unsigned)blocks, kShortThreads, 0,
+             c10::cuda::getCurrentCUDAStream()>>>(a, lanes);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 }
@@ -283,8 +247,7 @@ void run_passes(Args& A, int optin) {
         nullptr, fopt);
   };
   if (short_rows)
-    launch_short<T, I, KIND, VEC, FEAT, false>(r, lanes, A.windows,
-                                               A.stage_nodes);
+    launch_short<T, I, KIND, VEC, FEAT, false>(r, lanes);
   else if (kLanesOk && rows_lanes)
     rows(std::bool_constant<kLanesOk>{});
   else
@@ -308,8 +271,7 @@ void run_passes(Args& A, int optin) {
   c.group = std::min(32, next_pow2(slots_k + slots_v));
   at::Tensor att_part;
   if (short_cols) {
-    launch_short<T, I, KIND, VEC, FEAT, true>(c, lanes, A.col_windows,
-                                              A.col_stage_nodes);
+    launch_short<T, I, KIND, VEC, FEAT, true>(c, lanes);
     return;
   }
   PYG_DFGNN_DISPATCH_BOOL(lean, LEAN, [&] {

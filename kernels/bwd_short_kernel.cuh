@@ -34,16 +34,13 @@ template <int KIND, int FEAT, int VW>
 inline constexpr int kShortRowsMinBlocks =
     FEAT == kFeatDropout && KIND == kAdd && VW <= 4 ? 5 : 0;
 
-// The rows pass of owner `o` (every lane of the warp calls it): neighbour
-// j's rows at nbr_a / nbr_b + (j - nbr_lo) rows (global memory from 0, or
-// a window's staged rows from its first source).
 template <typename T, typename I, int KIND, int VW, int FEAT>
-__device__ __forceinline__ void short_rows_bwd(const BwdArgs<T, I>& a,
-                                               const OwnerLane& o, int lanes,
-                                               const T* nbr_a,
-                                               const T* nbr_b, int nbr_lo) {
+__global__ void __launch_bounds__(kShortThreads,
+                                  kShortRowsMinBlocks<KIND, FEAT, VW>)
+    short_rows_bwd_kernel(BwdArgs<T, I> a, int lanes) {
   static_assert(KIND == kDot || KIND == kAdd, "short: 'dot' or 'add'");
   const int H = a.H, F = a.F, HF = H * F;
+  const OwnerLane o = owner_lane<VW>(lanes, a.n_owner, H, F);
   const int64_t row = o.owner;
   const int h = o.h, G = o.G;
   const bool first = o.on && o.c0 % F == 0;  // writes the head's scalars
@@ -75,9 +72,9 @@ __device__ __forceinline__ void short_rows_bwd(const BwdArgs<T, I>& a,
   // multiply per edge) and its head's column of the edge scores / ebuf,
   // stepped two edges a step (the edge-score pointer whether or not there
   // are any: no null test in the loop).
-  const T* k_lane = KIND == kDot ? nbr_a + o.c0 : nbr_a + h;
+  const T* k_lane = KIND == kDot ? a.nbr_a + o.c0 : a.nbr_a + h;
   const int k_stride = KIND == kDot ? HF : H;
-  const T* v_lane = nbr_b + o.c0;
+  const T* v_lane = a.nbr_b + o.c0;
   const bool has_es = kHasScore<FEAT> && a.et.es != nullptr && o.on;
   const T* es_lane = (has_es ? a.et.es : a.own_a) + elo * H + h;
   float2* ebuf_lane = a.ebuf + elo * H + h;
@@ -90,8 +87,8 @@ __device__ __forceinline__ void short_rows_bwd(const BwdArgs<T, I>& a,
        ++st, es_lane += lane_step, ebuf_lane += lane_step) {
     const int64_t e = elo + 2 * (int64_t)st;
     const bool one = e < ehi, two = e + 1 < ehi;
-    const I j0 = one ? a.idx[e] - nbr_lo : 0;
-    const I j1 = two ? a.idx[e + 1] - nbr_lo : j0;
+    const I j0 = one ? a.idx[e] : 0;
+    const I j1 = two ? a.idx[e + 1] : j0;
     float k[2][VW], v[2][VW], kh[2] = {0.f, 0.f};
 #pragma unroll
     for (int i = 0; i < VW; ++i) k[0][i] = k[1][i] = v[0][i] = v[1][i] = 0.f;
@@ -176,15 +173,12 @@ __device__ __forceinline__ void short_rows_bwd(const BwdArgs<T, I>& a,
 
 // No shuffles here: each lane walks its own column. dV takes the dropped
 // p' = f p (the packed flag: f = 0, else 1 / (1 - drop)).
-// The cols pass of owner `o`: neighbour i's rows at nbr_a / nbr_b + (i -
-// nbr_lo) rows, as the rows pass.
 template <typename T, typename I, int KIND, int VW, int FEAT>
-__device__ __forceinline__ void short_cols_bwd(const BwdArgs<T, I>& a,
-                                               const OwnerLane& o,
-                                               const T* nbr_a,
-                                               const T* nbr_b, int nbr_lo) {
+__global__ void __launch_bounds__(kShortThreads)
+    short_cols_bwd_kernel(BwdArgs<T, I> a, int lanes) {
   static_assert(KIND == kDot || KIND == kAdd, "short: 'dot' or 'add'");
   const int H = a.H, F = a.F, HF = H * F;
+  const OwnerLane o = owner_lane<VW>(lanes, a.n_owner, H, F);
   if (!o.on) return;
   const int64_t col = o.owner;
   const int h = o.h;
@@ -199,8 +193,8 @@ __device__ __forceinline__ void short_cols_bwd(const BwdArgs<T, I>& a,
   // base pointers (the rows pass's note): this lane's columns of the
   // neighbour rows, its head's column of ebuf / drow / d es (int32
   // indices: a 32x32-bit wide multiply per edge)
-  const T* q_lane = nbr_a + o.c0;
-  const T* o_lane = nbr_b + o.c0;
+  const T* q_lane = a.nbr_a + o.c0;
+  const T* o_lane = a.nbr_b + o.c0;
   const float2* ebuf_lane = a.ebuf + h;
   const float* drow_lane = a.drow + h;
   for (int64_t e = elo; e < ehi; e += 2) {
@@ -213,11 +207,11 @@ __device__ __forceinline__ void short_cols_bwd(const BwdArgs<T, I>& a,
                         drow_lane[(int64_t)i1 * H]};
     float qx[2][VW], ox[2][VW];
     if constexpr (KIND == kDot) {
-      load_vec<T, VW>(q_lane + (int64_t)(i0 - nbr_lo) * HF, qx[0]);
-      load_vec<T, VW>(q_lane + (int64_t)(i1 - nbr_lo) * HF, qx[1]);
+      load_vec<T, VW>(q_lane + (int64_t)i0 * HF, qx[0]);
+      load_vec<T, VW>(q_lane + (int64_t)i1 * HF, qx[1]);
     }
-    load_vec<T, VW>(o_lane + (int64_t)(i0 - nbr_lo) * HF, ox[0]);
-    load_vec<T, VW>(o_lane + (int64_t)(i1 - nbr_lo) * HF, ox[1]);
+    load_vec<T, VW>(o_lane + (int64_t)i0 * HF, ox[0]);
+    load_vec<T, VW>(o_lane + (int64_t)i1 * HF, ox[1]);
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       if (u == 1 && !two) break;
@@ -247,114 +241,6 @@ __device__ __forceinline__ void short_cols_bwd(const BwdArgs<T, I>& a,
   } else if (o.c0 % F == 0) {
     a.grad_a[col * H + h] = from_float<T>(gk_add);
   }
-}
-
-template <typename T, typename I, int KIND, int VW, int FEAT>
-__global__ void __launch_bounds__(kShortThreads,
-                                  kShortRowsMinBlocks<KIND, FEAT, VW>)
-    short_rows_bwd_kernel(BwdArgs<T, I> a, int lanes) {
-  short_rows_bwd<T, I, KIND, VW, FEAT>(
-      a, owner_lane<VW>(lanes, a.n_owner, a.H, a.F), lanes, a.nbr_a, a.nbr_b,
-      0);
-}
-
-template <typename T, typename I, int KIND, int VW, int FEAT>
-__global__ void __launch_bounds__(kShortThreads)
-    short_cols_bwd_kernel(BwdArgs<T, I> a, int lanes) {
-  short_cols_bwd<T, I, KIND, VW, FEAT>(
-      a, owner_lane<VW>(lanes, a.n_owner, a.H, a.F), a.nbr_a, a.nbr_b, 0);
-}
-
-// Staged (the forward's staged_rows_fwd_kernel for the two passes): a block
-// per owner window (DFGraph.row_windows / col_windows) of at most
-// `stage_span` neighbours copies their rows to shared memory once -- rows:
-// K ('add': the [H] key terms) and V; cols: Q ('dot' only) and dO -- and
-// its warps walk the window's owners there. A window whose neighbours do
-// not fit reads global memory.
-constexpr int kShortStagedThreads = 256;
-
-// Row elements of the staged neighbour arrays: a (0 where not read), b.
-template <int KIND, bool COLS>
-__host__ __device__ inline int short_staged_a(int H, int HF) {
-  return KIND == kDot ? HF : (COLS ? 0 : H);
-}
-struct ShortStagedLayout {
-  size_t b, lo, total;
-};
-__host__ __device__ inline ShortStagedLayout short_staged_layout(
-    int span, int a_elems, int HF, size_t elem) {
-  ShortStagedLayout L;
-  L.b = align16((size_t)span * a_elems * elem);
-  L.lo = align16(L.b + (size_t)span * HF * elem);
-  L.total = L.lo + 16;
-  return L;
-}
-
-template <typename T, typename I, int KIND, int VW, int FEAT, bool COLS>
-__device__ __forceinline__ void staged_short_bwd(
-    const BwdArgs<T, I>& a, const int64_t* __restrict__ windows, int lanes,
-    int stage_span) {
-  static_assert(sizeof(I) == 4, "staged: int32 neighbour indices");
-  extern __shared__ __align__(16) unsigned char smem[];
-  const int H = a.H, HF = H * a.F;
-  const int a_elems = short_staged_a<KIND, COLS>(H, HF);
-  const ShortStagedLayout L =
-      short_staged_layout(stage_span, a_elems, HF, sizeof(T));
-  T* s_a = reinterpret_cast<T*>(smem);
-  T* s_b = reinterpret_cast<T*>(smem + L.b);
-  int* s_lo = reinterpret_cast<int*>(smem + L.lo);
-  const int64_t o_begin = windows[blockIdx.x], o_end = windows[blockIdx.x + 1];
-  if (threadIdx.x == 0) {
-    s_lo[0] = INT32_MAX;
-    s_lo[1] = -1;
-  }
-  int lo = 0, n_nbr = 0;
-  if (stage_span > 0)  // (0: the window's rows read from global memory)
-    n_nbr = block_index_span(a.idx, a.ptr[o_begin], a.ptr[o_end], s_lo, lo);
-  const bool staged = stage_span > 0 && n_nbr <= stage_span;  // block-uniform
-  if (staged && n_nbr > 0) {
-    if (a_elems > 0)
-      copy_to_smem<T, (KIND == kDot ? VW : 1)>(
-          s_a, a.nbr_a + (int64_t)lo * a_elems, n_nbr * a_elems);
-    copy_to_smem<T, VW>(s_b, a.nbr_b + (int64_t)lo * HF, n_nbr * HF);
-  }
-  __syncthreads();
-  const int per_warp = kWarpSize / lanes;
-  const int64_t step = (int64_t)(blockDim.x / kWarpSize) * per_warp;
-  for (int64_t first = o_begin + (int64_t)(threadIdx.x / kWarpSize) * per_warp;
-       first < o_end; first += step) {
-    const OwnerLane o = owner_lane_from(first, o_end, lanes, VW, H, a.F);
-    if constexpr (COLS) {
-      if (staged)
-        short_cols_bwd<T, I, KIND, VW, FEAT>(a, o, s_a, s_b, lo);
-      else
-        short_cols_bwd<T, I, KIND, VW, FEAT>(a, o, a.nbr_a, a.nbr_b, 0);
-    } else {
-      if (staged)
-        short_rows_bwd<T, I, KIND, VW, FEAT>(a, o, lanes, s_a, s_b, lo);
-      else
-        short_rows_bwd<T, I, KIND, VW, FEAT>(a, o, lanes, a.nbr_a, a.nbr_b,
-                                             0);
-    }
-  }
-}
-
-// (a kernel per pass: the profiler names them apart, as the unstaged ones)
-template <typename T, typename I, int KIND, int VW, int FEAT>
-__global__ void __launch_bounds__(kShortStagedThreads)
-    staged_short_rows_bwd_kernel(BwdArgs<T, I> a,
-                                 const int64_t* __restrict__ windows,
-                                 int lanes, int stage_span) {
-  staged_short_bwd<T, I, KIND, VW, FEAT, false>(a, windows, lanes,
-                                                stage_span);
-}
-template <typename T, typename I, int KIND, int VW, int FEAT>
-__global__ void __launch_bounds__(kShortStagedThreads)
-    staged_short_cols_bwd_kernel(BwdArgs<T, I> a,
-                                 const int64_t* __restrict__ windows,
-                                 int lanes, int stage_span) {
-  staged_short_bwd<T, I, KIND, VW, FEAT, true>(a, windows, lanes,
-                                               stage_span);
 }
 
 }  // namespace bwd

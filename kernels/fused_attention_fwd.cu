@@ -255,7 +255,6 @@ fused_attention_fwd_cuda(
                  (size_t)device_optin)
         --L.stage_span;
       if (L.stage_span > 0) L.windows = windows;
-      L.stage_nodes = stage_nodes;
     }
   }
   if (smmf && !L.windows.defined() &&

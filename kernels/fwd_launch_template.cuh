@@ -47,7 +47,6 @@ struct Launch {
   bool vec;
   double scale, negative_slope;
   bool one_tf32 = false;  // TC, fp32: 1xTF32 products (strategy 5, opt-in)
-  int64_t stage_nodes = 0;  // the windows' widest span, as given
 };
 
 template <typename Kernel>
@@ -134,29 +133,6 @@ inline bool short_rows(const Launch& L, int vw) {
                       L.max_in_degree, (int)(L.F / vw));
 }
 
-// Shared memory a staged short-row block asks for with `span` sources, or 0
-// where the rows are not staged: no windows, a window whose sources SMMF's
-// capacity clamped (stage_span < the windows' widest), or more than
-// kRowsStagedMaxBytes (two blocks of kRowsStagedThreads per SM).
-constexpr size_t kRowsStagedMaxBytes = 112 * 1024;
-inline size_t rows_staged_bytes(const Launch& L, int64_t span) {
-  const int64_t HF = L.H * L.F, HD_k = L.kind == kAdd ? L.H : HF;
-  return rows_staged_layout((int)span, (int)HD_k, (int)HF,
-                            L.value.element_size())
-      .total;
-}
-// The span a staged block stages (0: its rows read global memory), or -1
-// where the rows are not taken by windows.
-inline int64_t rows_stage_span(const Launch& L) {
-  const char mode = staged_rows_mode();
-  if (!L.windows.defined() || L.stage_span <= 0 ||
-      L.stage_span < L.stage_nodes || mode == '0')
-    return -1;
-  if (mode == '2') return 0;
-  return rows_staged_bytes(L, L.stage_span) <= kRowsStagedMaxBytes
-             ? L.stage_span : -1;
-}
-
 template <typename scalar_t>
 void run_rows(const Launch& L) {
   constexpr int VW = Vec<scalar_t>::kWidth;
@@ -166,7 +142,6 @@ void run_rows(const Launch& L) {
   auto a = make_args<scalar_t, int32_t, true>(L);
   const at::Tensor scores = scores_buffer(L);
   if (scores.defined()) a.scores = scores.data_ptr<float>();
-  const int64_t span = rows_stage_span(L);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   PYG_DFGNN_DISPATCH_KIND(L.kind, [&] {
     if constexpr (KIND != kGatv2) {
@@ -174,18 +149,8 @@ void run_rows(const Launch& L) {
       // registers, dropout without the others')
       PYG_DFGNN_DISPATCH_FEAT(L.feature_level(), KIND == kAdd, true, true,
                               FEAT, [&] {
-        if (span >= 0) {
-          auto kernel = staged_rows_fwd_kernel<scalar_t, int32_t, KIND, VW,
-                                               FEAT>;
-          const size_t bytes = rows_staged_bytes(L, span);
-          allow_smem(kernel, bytes);
-          kernel<<<(unsigned)(L.windows.numel() - 1), kRowsStagedThreads,
-                   bytes, stream>>>(a, L.windows.data_ptr<int64_t>(), lanes,
-                                    (int)span);
-        } else {
-          rows_fwd_kernel<scalar_t, int32_t, KIND, VW, FEAT>
-              <<<(unsigned)blocks, kThreads, 0, stream>>>(a, lanes);
-        }
+        rows_fwd_kernel<scalar_t, int32_t, KIND, VW, FEAT>
+            <<<(unsigned)blocks, kThreads, 0, stream>>>(a, lanes);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       });
     }

@@ -10,19 +10,9 @@
 // the edge score, dropout (the same Philox mask as SMMF's) and the raw
 // scores for the attention weights. The host takes it by short_rows.cuh's
 // rule. Same lse / out conventions as SMMF.
-//
-// Staged (staged_rows_fwd_kernel): where the rows come in graph-aligned
-// windows whose sources fit, a block per window copies the window's K and
-// V rows to shared memory once and its warps walk the window's rows there.
-// Unstaged, each source row is read from L2 by every edge that has it
-// (mnist-like: ~8 times, 567 MB through L2 for 73 MB of rows), and the
-// launch order spreads a graph's rows over all SMs, so L1 never sees the
-// reuse. The same row walk (short_row_fwd) either way: the same results,
-// bit for bit.
 #pragma once
 
 #include "fwd_common.cuh"
-#include "row_tiles.cuh"
 #include "short_rows.cuh"
 
 namespace pyg_dfgnn {
@@ -41,15 +31,13 @@ inline constexpr int kRowsFwdMinBlocks =
         ? 5
         : 0;
 
-// One owner per lane group (`o`; every lane of the warp calls it): the row
-// walk. `k_base` / `v_base` hold source row j - src_lo (global memory from
-// 0, or a window's staged rows from its first source).
 template <typename T, typename I, int KIND, int VW, int FEAT>
-__device__ __forceinline__ void short_row_fwd(const FwdArgs<T, I>& a,
-                                              const OwnerLane& o, int lanes,
-                                              const T* k_base,
-                                              const T* v_base, int src_lo) {
+__global__ void __launch_bounds__(kThreads, kRowsFwdMinBlocks<KIND, FEAT, VW>)
+    rows_fwd_kernel(FwdArgs<T, I> a, int lanes) {
+  static_assert(KIND == kDot || KIND == kAdd, "rows: 'dot' or 'add'");
+  static_assert(sizeof(I) == 4, "rows: int32 neighbour indices");
   const int H = a.H, F = a.F, HF = H * F;
+  const OwnerLane o = owner_lane<VW>(lanes, a.n_dst, H, F);
   const int64_t row = o.owner;
   const bool has_row = o.has, on = o.on;
   const int c0 = o.c0, h = o.h, G = o.G;
@@ -67,9 +55,9 @@ __device__ __forceinline__ void short_row_fwd(const FwdArgs<T, I>& a,
   // products -- the kernel is issue-bound (ncu, gat / gat-edge: a warp
   // issues ~0.8 per scheduler cycle), and those products were a third of
   // the loop's instructions.
-  const T* k_lane = KIND == kDot ? k_base + c0 : k_base + h;
+  const T* k_lane = KIND == kDot ? a.k + c0 : a.k + h;
   const int k_stride = KIND == kDot ? HF : H;
-  const T* v_lane = v_base + c0;
+  const T* v_lane = a.v + c0;
   const T* es = kHasScore<FEAT> ? a.et.es : nullptr;
   float* sc_out = kHasWeights<FEAT> ? a.scores : nullptr;
   uint64_t seed, offset;
@@ -101,8 +89,8 @@ __device__ __forceinline__ void short_row_fwd(const FwdArgs<T, I>& a,
   for (unsigned st = 0; st < steps; ++st) {
     const int64_t e = elo + 2 * (int64_t)st;
     const bool one = e < ehi, two = e + 1 < ehi;
-    const int j0 = one ? (int)a.col[e] - src_lo : 0;
-    const int j1 = two ? (int)a.col[e + 1] - src_lo : j0;
+    const int j0 = one ? (int)a.col[e] : 0;
+    const int j1 = two ? (int)a.col[e + 1] : j0;
     float k0[VW], k1[VW], v0[VW], v1[VW];
 #pragma unroll
     for (int i = 0; i < VW; ++i) k0[i] = k1[i] = v0[i] = v1[i] = 0.f;
@@ -146,77 +134,6 @@ __device__ __forceinline__ void short_row_fwd(const FwdArgs<T, I>& a,
   store_vec<T, VW>(a.out + row * HF + c0, acc);
   if (c0 % F == 0)  // the head's first lane
     a.lse[row * H + h] = ehi > elo ? m + logf(l + 1e-16f) : -INFINITY;
-}
-
-template <typename T, typename I, int KIND, int VW, int FEAT>
-__global__ void __launch_bounds__(kThreads, kRowsFwdMinBlocks<KIND, FEAT, VW>)
-    rows_fwd_kernel(FwdArgs<T, I> a, int lanes) {
-  static_assert(KIND == kDot || KIND == kAdd, "rows: 'dot' or 'add'");
-  static_assert(sizeof(I) == 4, "rows: int32 neighbour indices");
-  short_row_fwd<T, I, KIND, VW, FEAT>(
-      a, owner_lane<VW>(lanes, a.n_dst, a.H, a.F), lanes, a.k, a.v, 0);
-}
-
-// Shared memory of a staged block: K rows [span][HD_k] T | V rows
-// [span][H * F] T | the sources' [lo, hi] (two ints).
-struct RowsStagedLayout {
-  size_t v, lo, total;
-};
-__host__ __device__ inline RowsStagedLayout rows_staged_layout(int span,
-                                                               int HD_k,
-                                                               int HF,
-                                                               size_t elem) {
-  RowsStagedLayout L;
-  L.v = align16((size_t)span * HD_k * elem);
-  L.lo = align16(L.v + (size_t)span * HF * elem);
-  L.total = L.lo + 16;
-  return L;
-}
-
-// A block per row window (windows[b] .. windows[b + 1]; DFGraph.row_windows)
-// of at most `stage_span` sources; its warps take kWarpSize / lanes rows
-// at a time. A window whose sources do not fit reads global memory.
-constexpr int kRowsStagedThreads = 512;
-template <typename T, typename I, int KIND, int VW, int FEAT>
-__global__ void __launch_bounds__(kRowsStagedThreads, 2)
-    staged_rows_fwd_kernel(FwdArgs<T, I> a,
-                           const int64_t* __restrict__ windows, int lanes,
-                           int stage_span) {
-  static_assert(KIND == kDot || KIND == kAdd, "rows: 'dot' or 'add'");
-  static_assert(sizeof(I) == 4, "rows: int32 neighbour indices");
-  extern __shared__ __align__(16) unsigned char smem[];
-  const int H = a.H, HF = H * a.F, HD_k = KIND == kDot ? HF : H;
-  const RowsStagedLayout L =
-      rows_staged_layout(stage_span, HD_k, HF, sizeof(T));
-  T* s_k = reinterpret_cast<T*>(smem);
-  T* s_v = reinterpret_cast<T*>(smem + L.v);
-  int* s_lo = reinterpret_cast<int*>(smem + L.lo);
-  const int64_t r_begin = windows[blockIdx.x], r_end = windows[blockIdx.x + 1];
-  if (threadIdx.x == 0) {
-    s_lo[0] = INT32_MAX;
-    s_lo[1] = -1;
-  }
-  int src_lo = 0, n_src = 0;
-  if (stage_span > 0)  // (0: the window's rows read from global memory)
-    n_src = block_index_span(a.col, a.rowptr[r_begin], a.rowptr[r_end],
-                             s_lo, src_lo);
-  const bool staged = stage_span > 0 && n_src <= stage_span;  // block-uniform
-  if (staged && n_src > 0) {
-    copy_to_smem<T, (KIND == kAdd ? 1 : VW)>(
-        s_k, a.k + (int64_t)src_lo * HD_k, n_src * HD_k);
-    copy_to_smem<T, VW>(s_v, a.v + (int64_t)src_lo * HF, n_src * HF);
-  }
-  __syncthreads();
-  const int per_warp = kWarpSize / lanes;
-  const int64_t step = (int64_t)(blockDim.x / kWarpSize) * per_warp;
-  for (int64_t first = r_begin + (int64_t)(threadIdx.x / kWarpSize) * per_warp;
-       first < r_end; first += step) {
-    const OwnerLane o = owner_lane_from(first, r_end, lanes, VW, H, a.F);
-    if (staged)
-      short_row_fwd<T, I, KIND, VW, FEAT>(a, o, lanes, s_k, s_v, src_lo);
-    else
-      short_row_fwd<T, I, KIND, VW, FEAT>(a, o, lanes, a.k, a.v, 0);
-  }
 }
 
 }  // namespace fwd

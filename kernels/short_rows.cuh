@@ -47,16 +47,6 @@ inline char short_rows_mode() {
   return env != nullptr && *env != '\0' ? env[0] : 'a';
 }
 
-// PYG_DFGNN_STAGED_ROWS (read per call): '0' keeps the short kernels in
-// launch order where windows would stage their neighbour rows, '2' takes
-// the windows' blocks without staging (L1 only); benchmarks compare them
-// (the staged kernels: fwd_rows_kernel.cuh, bwd_short_kernel.cuh).
-inline char staged_rows_mode() {
-  const char* env = std::getenv("PYG_DFGNN_STAGED_ROWS");
-  return env != nullptr && *env != '\0' ? env[0] : '1';
-}
-inline bool staged_rows_allowed() { return staged_rows_mode() != '0'; }
-
 // The shapes they take: no edge key / value (`edge_kv`), 'dot' with D = F
 // or 'add', vector rows, a head's lanes F / vw a power of two, one vector
 // per lane covering H * F.
@@ -106,29 +96,21 @@ struct OwnerLane {
   bool has;  // the owner exists (its lanes take part in the walk)
   bool on;   // and this lane holds features
 };
-// The lane's part of owner `first + lane / lanes` of a warp whose owners
-// start at `first` and end before `end`.
-__device__ __forceinline__ OwnerLane owner_lane_from(int64_t first,
-                                                     int64_t end, int lanes,
-                                                     int vw, int H, int F) {
-  const int lane = threadIdx.x % kWarpSize;
-  OwnerLane o;
-  o.owner = first + lane / lanes;
-  o.has = o.owner < end;
-  o.c0 = (lane % lanes) * vw;
-  o.on = o.has && o.c0 < H * F;
-  o.h = o.on ? o.c0 / F : 0;
-  o.G = F / vw;
-  return o;
-}
-// Owners in launch order: kWarpSize / lanes consecutive ones per warp.
 template <int VW>
 __device__ __forceinline__ OwnerLane owner_lane(int lanes, int64_t n_owner,
                                                 int H, int F) {
+  const int lane = threadIdx.x % kWarpSize;
   const int warps = blockDim.x / kWarpSize;
-  const int64_t warp = (int64_t)blockIdx.x * warps + threadIdx.x / kWarpSize;
-  return owner_lane_from(warp * (kWarpSize / lanes), n_owner, lanes, VW, H,
-                         F);
+  OwnerLane o;
+  o.owner = ((int64_t)blockIdx.x * warps + threadIdx.x / kWarpSize) *
+                (kWarpSize / lanes) +
+            lane / lanes;
+  o.has = o.owner < n_owner;
+  o.c0 = (lane % lanes) * VW;
+  o.on = o.has && o.c0 < H * F;
+  o.h = o.on ? o.c0 / F : 0;
+  o.G = F / VW;
+  return o;
 }
 
 // <x, y> over this lane's VW elements summed over the head's G lanes (the

@@ -4,8 +4,7 @@
     compute-sanitizer --tool racecheck python scripts/sanitize_cases.py
 
 Every score kind x strategy (SMMF, PMF with multi-segment rows; tensor-core
-windows for 'dot'; SMMF's short-row kernel, forced; the staged short
-kernels, forward and backward), the 16-byte
+windows for 'dot'; SMMF's short-row kernel, forced), the 16-byte
 (F = 32) and scalar (F = 17) paths, fp32 and bf16, int32 and int64 indices,
 empty rows and a super node. Build the kernels once beforehand (outside the
 sanitizer). Exits non-zero if an output is off.
@@ -65,18 +64,6 @@ SHORT_ROWS = [
 ]
 
 
-# The staged short kernels (fwd_rows_kernel.cuh, bwd_short_kernel.cuh: a
-# block per window, neighbour rows in shared memory; forward and both
-# backward passes) on molecule- and mnist-sized batches, compared bit for
-# bit with the unstaged ones: kind, dtype, H, F, training feature
-STAGED = [
-    ('dot', torch.float32, 1, 128, None),
-    ('add', torch.bfloat16, 4, 32, 'dropout'),
-    ('dot', torch.float16, 3, 8, 'edge_score'),
-    ('add', torch.float32, 2, 16, 'attention'),
-]
-
-
 def main() -> int:
     from pyg_dfgnn.ops import cuda
     assert cuda.available(), 'CUDA kernels unavailable'
@@ -92,24 +79,6 @@ def main() -> int:
         except AssertionError as e:
             failed += 1
             print('FAIL', kind, dtype, strategy, graph, e, flush=True)
-    os.environ.pop('PYG_DFGNN_SHORT_ROWS')
-    sys.path.insert(0, str(ROOT / 'tests'))
-    spec = importlib.util.spec_from_file_location(
-        'test_short_rows_cuda', ROOT / 'tests' / 'test_short_rows_cuda.py')
-    ts = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ts)
-    for kind, dtype, heads, f, feature in STAGED:
-        try:
-            ts.check_staged_matches_unstaged(cuda, os.environ.__setitem__,
-                                             kind, dtype, heads, f, feature,
-                                             batches=((12, 23, 2),
-                                                      (6, 71, 8)),
-                                             profile=False)
-            print('ok  ', kind, dtype, 'staged short', feature, flush=True)
-        except AssertionError as e:
-            failed += 1
-            print('FAIL', kind, dtype, 'staged short', feature, e, flush=True)
-    os.environ.pop('PYG_DFGNN_STAGED_ROWS', None)
     torch.cuda.synchronize()
     return 1 if failed else 0
 
