@@ -8,6 +8,9 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <type_traits>
 
 #include "dispatch.cuh"
@@ -54,6 +57,27 @@ void allow_smem(Kernel kernel, size_t bytes) {
   if (bytes > 48 * 1024)
     C10_CUDA_CHECK(cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+// Resident blocks per SM of `kernel` at `threads` and `bytes` of dynamic
+// shared memory on the current device, asked once (the occupancy query
+// costs a few us of host time per call).
+template <typename Kernel>
+int resident_blocks_per_sm(Kernel kernel, int threads, size_t bytes) {
+  static std::mutex mutex;
+  static std::map<std::tuple<const void*, int, size_t, int>, int> cache;
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  const auto key =
+      std::make_tuple((const void*)kernel, threads, bytes, device);
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  int blocks = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &blocks, kernel, threads, bytes));
+  cache.emplace(key, blocks);
+  return blocks;
 }
 
 template <typename scalar_t, typename index_t, bool VEC>
@@ -308,9 +332,7 @@ void run_pmf(const Launch& L) {
       auto go = [&](auto kernel) {
         allow_smem(kernel, bytes);
         // persistent warps: as many blocks as are resident at once
-        int per_sm = 0;
-        C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &per_sm, kernel, kThreads, bytes));
+        const int per_sm = resident_blocks_per_sm(kernel, kThreads, bytes);
         const int64_t resident = std::max(1, per_sm) * (int64_t)sms;
         const int64_t blocks =
             std::min((seg_bound + kWarps - 1) / kWarps, resident);

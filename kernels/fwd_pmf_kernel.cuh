@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(kThreads, kHasEdgeKV<FEAT> ? 2 : 3)
   // edge-key sizes < 2^31): half the address arithmetic per edge.
   constexpr int VW = Vec<T>::kWidth;
   constexpr int U = 8;  // steps summed at once (transpose_sum8)
-  using Raw = typename RawWords<16>::type;
+  using Raw = RawVec<T, VW>;
   const int H = a.H, HD = a.H * a.D;
   const int n_edges = (int)a.rowptr[a.n_dst];
   const int lane = threadIdx.x % kWarpSize;
@@ -99,15 +99,6 @@ __global__ void __launch_bounds__(kThreads, kHasEdgeKV<FEAT> ? 2 : 3)
   if (gw * edges_per_warp >= n_edges) return;
   const int start = (int)(gw * edges_per_warp);
   const int end = min(n_edges - start, edges_per_warp) + start;
-  auto unpack = [](const Raw& w, float (&x)[VW]) {
-    union {
-      Raw w;
-      T t[VW];
-    } u;
-    u.w = w;
-#pragma unroll
-    for (int i = 0; i < VW; ++i) x[i] = to_float(u.t[i]);
-  };
   // this lane's vector of every key / query / edge-key row
   const T* __restrict__ k_lane = a.k + s * VW;
   const T* __restrict__ q_lane = a.q + s * VW;
@@ -132,10 +123,10 @@ __global__ void __launch_bounds__(kThreads, kHasEdgeKV<FEAT> ? 2 : 3)
       kr[u] = Raw{};
       if constexpr (kEdgeKeys) er[u] = Raw{};
       if (e < end) {
-        kr[u] = *reinterpret_cast<const Raw*>(k_lane + (int)a.col[e] * HD);
+        kr[u] = load_raw<T, VW>(k_lane + (int)a.col[e] * HD);
         if constexpr (kEdgeKeys) {
           if (ek_lane != nullptr)
-            er[u] = *reinterpret_cast<const Raw*>(ek_lane + e * HD);
+            er[u] = load_raw<T, VW>(ek_lane + e * HD);
         }
       }
     }
@@ -151,11 +142,11 @@ __global__ void __launch_bounds__(kThreads, kHasEdgeKV<FEAT> ? 2 : 3)
           q_row = r;
         }
         float kx[VW];
-        unpack(kr[u], kx);
+        unpack_vec<T, VW>(kr[u], kx);
         if constexpr (kEdgeKeys) {
           if (ek_lane != nullptr) {
             float ex[VW];
-            unpack(er[u], ex);
+            unpack_vec<T, VW>(er[u], ex);
 #pragma unroll
             for (int i = 0; i < VW; ++i) kx[i] += ex[i];
           }

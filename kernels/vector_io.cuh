@@ -38,19 +38,32 @@ struct RawWords<16> {
   using type = uint4;
 };
 
+// N elements of T as one raw access (kernels that keep loads in flight
+// before they convert: load_raw now, unpack_vec later).
+template <typename T, int N>
+using RawVec = typename RawWords<N * sizeof(T)>::type;
+template <typename T, int N>
+__device__ __forceinline__ RawVec<T, N> load_raw(const T* __restrict__ ptr) {
+  return *reinterpret_cast<const RawVec<T, N>*>(ptr);
+}
+template <typename T, int N>
+__device__ __forceinline__ void unpack_vec(const RawVec<T, N>& w,
+                                           float (&out)[N]) {
+  union {
+    RawVec<T, N> w;
+    T t[N];
+  } u;
+  u.w = w;
+#pragma unroll
+  for (int i = 0; i < N; ++i) out[i] = to_float(u.t[i]);
+}
+
 template <typename T, int N>
 __device__ __forceinline__ void load_vec(const T* __restrict__ ptr,
                                          float (&out)[N]) {
   constexpr int kBytes = N * sizeof(T);
   if constexpr (kBytes == 2 || kBytes == 4 || kBytes == 8 || kBytes == 16) {
-    using W = typename RawWords<kBytes>::type;
-    union {
-      W w;
-      T t[N];
-    } u;
-    u.w = *reinterpret_cast<const W*>(ptr);
-#pragma unroll
-    for (int i = 0; i < N; ++i) out[i] = to_float(u.t[i]);
+    unpack_vec<T, N>(load_raw<T, N>(ptr), out);
   } else {
 #pragma unroll
     for (int i = 0; i < N; ++i) out[i] = to_float(ptr[i]);
