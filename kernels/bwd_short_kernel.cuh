@@ -15,8 +15,8 @@
 // edge score in the score and its gradient (d es = ds, the cols pass),
 // dropout (the forward's Philox mask, regenerated), the returned weights'
 // gradient in dp. Scores are formed as the short-row forward forms them
-// (head_dot: same products, same shuffles); a one-edge row's p is taken as
-// exactly 1 (its dQ exactly 0) whichever forward formed lse.
+// (lane_dot and head_sums: same products, same sums); a one-edge row's p
+// is taken as exactly 1 (its dQ exactly 0) whichever forward formed lse.
 #pragma once
 
 #include "bwd_common.cuh"
@@ -108,16 +108,27 @@ __global__ void __launch_bounds__(kShortThreads,
       term[0] = to_float(es_lane[0]);
       if (two) term[1] = to_float(es_lane[H]);
     }
+    // the two edges' head sums at once (head_sums: group_sum's sums in
+    // fewer shuffles)
+    if constexpr (KIND == kDot) {
+      float x[4] = {lane_dot<VW>(q, k[0]), lane_dot<VW>(q, k[1]),
+                    lane_dot<VW>(dout, v[0]), lane_dot<VW>(dout, v[1])};
+      head_sums<4>(x, G);
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      if constexpr (KIND == kDot) {
-        s[u] = fmaf(head_dot<VW>(q, k[u], G), a.scale, term[u]);
-      } else {
+      for (int u = 0; u < 2; ++u) {
+        s[u] = fmaf(x[u], a.scale, term[u]);
+        dp[u] = x[2 + u];
+      }
+    } else {
+      float x[2] = {lane_dot<VW>(dout, v[0]), lane_dot<VW>(dout, v[1])};
+      head_sums<2>(x, G);
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
         const float z = qh + kh[u] + term[u];
         s[u] = leaky_relu(z, a.slope);
         gz[u] = leaky_relu_grad(z, a.slope);
+        dp[u] = x[u];
       }
-      dp[u] = head_dot<VW>(dout, v[u], G);
     }
     float fu[2];
     drop.step(a.drop, seed, offset, elo, e, st, h, fu);

@@ -70,15 +70,11 @@ __global__ void __launch_bounds__(kThreads, kRowsFwdMinBlocks<KIND, FEAT, VW>)
   const bool has_es = es != nullptr && on;
   const T* es_lane = (has_es ? es : a.q) + elo * H + h;
   const int64_t es_step = 2 * (int64_t)H;
-  // the score of an edge from source j, its edge score `term` (all lanes of
-  // a head agree; every lane of the warp takes part in the shuffles)
-  auto score = [&](int j, float term, const float (&k)[VW]) -> float {
-    if constexpr (KIND == kDot) {
-      return fmaf(head_dot<VW>(q, k, G), a.scale, term);
-    } else {
-      return leaky_relu(qh + to_float(k_lane[(int64_t)j * k_stride]) + term,
-                        a.slope);
-    }
+  // 'add': the score of an edge from source j, its edge score `term` (all
+  // lanes of a head agree)
+  auto score = [&](int j, float term) -> float {
+    return leaky_relu(qh + to_float(k_lane[(int64_t)j * k_stride]) + term,
+                      a.slope);
   };
   // steps of two edges: the longest of the warp's rows (warp-uniform)
   const unsigned steps =
@@ -108,7 +104,16 @@ __global__ void __launch_bounds__(kThreads, kRowsFwdMinBlocks<KIND, FEAT, VW>)
       if (two) t1 = to_float(es_lane[H]);
     }
     es_lane += es_step;
-    const float s0 = score(j0, t0, k0), s1r = score(j1, t1, k1);
+    float s0, s1r;
+    if constexpr (KIND == kDot) {
+      float d[2] = {lane_dot<VW>(q, k0), lane_dot<VW>(q, k1)};
+      head_sums<2>(d, G);
+      s0 = fmaf(d[0], a.scale, t0);
+      s1r = fmaf(d[1], a.scale, t1);
+    } else {
+      s0 = score(j0, t0);
+      s1r = score(j1, t1);
+    }
     // the aggregation takes the dropped p / (1 - drop), the row sum p
     float f[2];
     drop.step(a.drop, seed, offset, elo, e, st, h, f);
