@@ -46,6 +46,27 @@ def make_graph_of(name, dev):
     return make_dfgraph(spec, dev, scale=float(scale or 1))
 
 
+def case_inputs(case: str, dev) -> tuple:
+    """``(graph, kind, q, k, v, extra, grad, dropout)`` of a case
+    ``graph:HxF:dtype:kind[:dropout]``: seeded random inputs (q, k, v
+    requiring grad; ``extra`` GATv2's ``att`` or nothing; ``grad`` the
+    output's upstream gradient)."""
+    name, shape, dt, kind, *drop = case.split(':')
+    p_drop = float(drop[0]) if drop else 0.0
+    h, f = (int(x) for x in shape.split('x'))
+    dtype = DTYPES[dt]
+    graph, _, n = make_graph_of(name, dev)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    qk_shape = (n, h) if kind == 'add' else (n, h, f)
+    q, k, v = (torch.randn(*shape_, device=dev, dtype=dtype,
+                           generator=gen).requires_grad_()
+               for shape_ in (qk_shape, qk_shape, (n, h, f)))
+    extra = (torch.randn(h, f, device=dev, dtype=dtype,
+                         generator=gen),) if kind == 'gatv2' else ()
+    grad = torch.randn(n, h, f, device=dev, dtype=dtype, generator=gen)
+    return graph, kind, q, k, v, extra, grad, p_drop
+
+
 def main():
     from pyg_dfgnn.ops import fused_attention
     p = argparse.ArgumentParser()
@@ -56,19 +77,7 @@ def main():
     dev = torch.device('cuda')
     rows = []
     for case in args.cases.split(','):
-        name, shape, dt, kind, *drop = case.split(':')
-        p_drop = float(drop[0]) if drop else 0.0
-        h, f = (int(x) for x in shape.split('x'))
-        dtype = DTYPES[dt]
-        graph, _, n = make_graph_of(name, dev)
-        gen = torch.Generator(device=dev).manual_seed(0)
-        qk_shape = (n, h) if kind == 'add' else (n, h, f)
-        q, k, v = (torch.randn(*shape_, device=dev, dtype=dtype,
-                               generator=gen).requires_grad_()
-                   for shape_ in (qk_shape, qk_shape, (n, h, f)))
-        extra = (torch.randn(h, f, device=dev, dtype=dtype,
-                             generator=gen),) if kind == 'gatv2' else ()
-        grad = torch.randn(n, h, f, device=dev, dtype=dtype, generator=gen)
+        graph, kind, q, k, v, extra, grad, p_drop = case_inputs(case, dev)
 
         def step():
             out = fused_attention(graph, kind, v, q, k, *extra,

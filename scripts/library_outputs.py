@@ -16,25 +16,12 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, 'benchmarks'),
                 os.path.join(ROOT, 'scripts')]
-from kernel_times import make_graph_of  # noqa: E402
-from kernels import DTYPES  # noqa: E402
+from kernel_times import case_inputs  # noqa: E402
 from pyg_dfgnn.ops import fused_attention  # noqa: E402
 
 
 def outputs(case: str) -> list:
-    name, shape, dt, kind, *drop = case.split(':')
-    p_drop = float(drop[0]) if drop else 0.0
-    h, f = (int(x) for x in shape.split('x'))
-    graph, _, n = make_graph_of(name, 'cuda')
-    gen = torch.Generator(device='cuda').manual_seed(0)
-    qk = (n, h) if kind == 'add' else (n, h, f)
-    q, k, v = (torch.randn(*s, device='cuda', dtype=DTYPES[dt],
-                           generator=gen).requires_grad_()
-               for s in (qk, qk, (n, h, f)))
-    extra = (torch.randn(h, f, device='cuda', dtype=DTYPES[dt],
-                         generator=gen),) if kind == 'gatv2' else ()
-    g_out = torch.randn(n, h, f, device='cuda', dtype=DTYPES[dt],
-                        generator=gen)
+    graph, kind, q, k, v, extra, g_out, p_drop = case_inputs(case, 'cuda')
     torch.manual_seed(0)
     out = fused_attention(graph, kind, v, q, k, *extra, dropout=p_drop,
                           training=p_drop > 0)
