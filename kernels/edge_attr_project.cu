@@ -22,8 +22,12 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <cstdlib>
+#include <initializer_list>
+
 #include "dispatch.cuh"
 #include "edge_attr_common.cuh"
+#include "mma_tiles.cuh"
 #include "numeric.cuh"
 #include "ops.h"
 #include "vector_io.cuh"
@@ -365,10 +369,377 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
+// ---------------------------------------------------------------- fp32 on
+// tensor cores. The backward is two products per tile of 16 CSR edges,
+//   d X = G W        ([16, HF] x [HF, De]: the tile's d x rows)
+//   d W += G^T X     ([HF, 16] x [16, De]: this warp's d W cells)
+// as 3xTF32 mma.m16n8k8 (about fp32 accuracy, mma_tiles.cuh). The CUDA-core
+// kernel above spends ~280 instructions per edge on them (ncu, session 32:
+// 0.51 issued per scheduler at 8 warps per SM, 232 registers); here a warp
+// streams its tiles through a two-stage cp.async pipeline (G and the x rows
+// in shared memory without registers), and the tile's rows are independent
+// of CSR rows: a loop edge reads its row's x_loop (the mean / sum of the
+// row's other x rows, or fill_row) and every other edge adds its row's
+// handed d x (dh = share W^T g_loop), both from project_loops_kernel.
+constexpr int kTcEdges = 16;        // edges per tile (the mma's M / K)
+constexpr int kTcWarps = 4;         // warps per block
+constexpr int kTcMaxHF = 128;       // G rows up to 128 columns
+constexpr int kTcBlocksPerSM = 2;   // (shared memory: ~106 KB per block)
+
+// Shared-memory row strides in floats. G: HF + 4 (A fragments of d X read
+// rows g, g + 8 at column q: conflict-free; those of d W read rows q at
+// columns g: two-way). x / W rows: 24 for De 16, 8 below (B fragments read
+// row q at column g: conflict-free).
+__host__ __device__ constexpr int tc_x_stride(int de) { return de > 8 ? 24 : 8; }
+__host__ __device__ constexpr int tc_g_stride(int hf) { return hf + 4; }
+
+template <int DE>
+struct TcLayout {
+  static constexpr int XS = tc_x_stride(DE), NT = DE > 8 ? 2 : 1;
+  // per warp and stage: G [16][HF + 4], x [16][XS], user rows, CSR rows
+  static constexpr int kStageFloats =
+      kTcEdges * tc_g_stride(kTcMaxHF) + kTcEdges * XS + 3 * kTcEdges;
+  // the block: W's tf32 halves [kTcMaxHF][XS] each, then the warps' stages
+  static constexpr int kFloats = 2 * kTcMaxHF * XS + kTcWarps * 2 * kStageFloats;
+};
+
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+__device__ __forceinline__ void cp_async_wait_one() {
+  asm volatile("cp.async.wait_group 1;\n" ::);
+}
+
+// Per row (warp per row): edge_row of its edges and, for a row with a
+// loop, x_loop (fill 1 / 2: share * the sum of its other x rows; fill 3:
+// fill_row) and dh (fill 1 / 2: share * W^T g_loop; else 0). Lanes over
+// edges for the x sum, over 4-column groups of g_loop for dh (a lane per
+// column walked g_loop one dependent load at a time: 0.29 ms on
+// gatv2-edge), both summed over the warp. (fp32 x / W / grad rows in
+// 16-byte vectors: the tensor-core path's inputs.)
+template <typename T, int DE>
+__global__ void __launch_bounds__(kThreads)
+    project_loops_kernel(Args<T> a, int32_t* __restrict__ edge_row,
+                         float* __restrict__ x_loop, float* __restrict__ dh) {
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int64_t row = (int64_t)blockIdx.x * kWarps + warp;
+  if (row >= a.n_rows) return;
+  const int64_t lo = a.rowptr[row], hi = a.rowptr[row + 1];
+  for (int64_t p = lo + lane; p < hi; p += kWarpSize) edge_row[p] = (int32_t)row;
+  const int64_t loop_p = a.loop_pos[row];
+  const bool handed = loop_p >= 0 && (a.fill == 1 || a.fill == 2);
+  const float share = edge_rows::loop_share(a.fill, hi - lo - 1);
+  float xs[DE], d[DE];
+#pragma unroll
+  for (int k = 0; k < DE; ++k) xs[k] = d[k] = 0.f;
+  if (handed) {  // (warp-uniform)
+    for (int64_t p = lo + lane; p < hi; p += kWarpSize) {
+      const int64_t r = a.index[p];
+      if (r >= a.n_in) continue;
+#pragma unroll
+      for (int k = 0; k < DE; k += 4) {
+        float t[4] = {0.f, 0.f, 0.f, 0.f};
+        if (k < a.De) load_vec<T, 4>(a.x + r * a.De + k, t);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) xs[k + i] += t[i];
+      }
+    }
+    const T* gl = a.grad + loop_p * a.HF;
+    for (int c = 4 * lane; c < a.HF; c += 4 * kWarpSize) {
+      float gv[4];
+      load_vec<T, 4>(gl + c, gv);
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int k = 0; k < DE; k += 4) {
+          if (k >= a.De) break;
+          float wv[4];
+          load_vec<T, 4>(a.w + (int64_t)(c + i) * a.De + k, wv);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) d[k + j] = fmaf(gv[i], wv[j], d[k + j]);
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < DE; ++k)
+#pragma unroll
+      for (int o = kWarpSize / 2; o > 0; o >>= 1) {
+        xs[k] += __shfl_xor_sync(kFullMask, xs[k], o);
+        d[k] += __shfl_xor_sync(kFullMask, d[k], o);
+      }
+  }
+  float mine_x = 0.f, mine_d = 0.f;  // lane k's entries
+#pragma unroll
+  for (int k = 0; k < DE; ++k)
+    if (lane == k) mine_x = xs[k], mine_d = d[k];
+  if (lane < a.De) {
+    if (loop_p >= 0)
+      x_loop[row * a.De + lane] =
+          a.fill == 3 ? to_float(a.fill_row[lane]) : mine_x * share;
+    dh[row * a.De + lane] = mine_d * share;
+  }
+}
+
+template <int DE>
+__global__ void __launch_bounds__(kTcWarps * kWarpSize, kTcBlocksPerSM)
+    project_bwd_tc_kernel(Args<float> a, const int32_t* __restrict__ edge_row,
+                          const float* __restrict__ x_loop,
+                          const float* __restrict__ dh, int64_t n_edges) {
+  using L = TcLayout<DE>;
+  constexpr int XS = L::XS, NT = L::NT, MT = kTcMaxHF / 16;
+  extern __shared__ __align__(16) float smem[];
+  const int HF = a.HF, De = a.De, GS = tc_g_stride(HF);
+  uint32_t* s_whi = reinterpret_cast<uint32_t*>(smem);
+  uint32_t* s_wlo = s_whi + kTcMaxHF * XS;
+  // W [HF][De] as tf32 halves, zeros past De
+  for (int i = threadIdx.x; i < HF * XS; i += blockDim.x) {
+    const int c = i / XS, k = i - c * XS;
+    uint32_t hi = 0u, lo = 0u;
+    if (k < De) split_tf32(a.w[(int64_t)c * De + k], hi, lo);
+    s_whi[i] = hi;
+    s_wlo[i] = lo;
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int g = lane >> 2, q = lane & 3;
+  float* stage[2];
+  stage[0] = smem + 2 * kTcMaxHF * XS + warp * 2 * L::kStageFloats;
+  stage[1] = stage[0] + L::kStageFloats;
+  // a stage: G rows, x rows, then user rows (int64) and CSR rows (int32)
+  auto s_g = [&](int b) { return stage[b]; };
+  auto s_x = [&](int b) { return stage[b] + kTcEdges * GS; };
+  auto s_r = [&](int b) {
+    return reinterpret_cast<int64_t*>(stage[b] + kTcEdges * GS + kTcEdges * XS);
+  };
+  auto s_row = [&](int b) {
+    return reinterpret_cast<int32_t*>(s_r(b) + kTcEdges);
+  };
+  const int64_t gwarp = (int64_t)blockIdx.x * kTcWarps + warp;
+  const int64_t warps = (int64_t)gridDim.x * kTcWarps;
+  const int64_t tiles = (n_edges + kTcEdges - 1) / kTcEdges;
+  // lane e < 16's edge of a tile: its user row (n_in: none) and CSR row
+  auto meta = [&](int64_t tile, int64_t& r, int32_t& row) {
+    const int64_t p = tile * kTcEdges + (lane & (kTcEdges - 1));
+    r = a.n_in;
+    row = 0;
+    if (tile < tiles && p < n_edges) {
+      r = a.index != nullptr ? a.index[p] : p;
+      if (edge_row != nullptr) row = edge_row[p];
+    }
+  };
+  // the tile's copies into stage b (rows past the edges: zeros)
+  auto issue = [&](int64_t tile, int b, int64_t r, int32_t row) {
+    const int64_t p0 = tile * kTcEdges;
+    if (lane < kTcEdges) {
+      s_r(b)[lane] = r;
+      s_row(b)[lane] = row;
+    }
+    const int gc = HF / 4;  // 16-byte chunks per G row
+    for (int i = lane; i < kTcEdges * gc; i += kWarpSize) {
+      const int e = i / gc, c = i - e * gc;
+      const bool live = p0 + e < n_edges;
+      cp_async_16(s_g(b) + e * GS + 4 * c,
+                  a.grad + (live ? (p0 + e) * HF : 0) + 4 * c, live ? 16 : 0);
+    }
+    constexpr int xc = XS / 4;  // 16-byte chunks per x row (zeros past De)
+    for (int i = lane; i < kTcEdges * xc; i += kWarpSize) {
+      const int e = i / xc, c = i - e * xc;
+      const int64_t re = __shfl_sync(kFullMask, (long long)r, e);
+      const int32_t rowe = __shfl_sync(kFullMask, row, e);
+      const bool live = p0 + e < n_edges && 4 * c < De;
+      const float* src = a.x;
+      if (live)
+        src = re < a.n_in ? a.x + re * De + 4 * c : x_loop + (int64_t)rowe * De + 4 * c;
+      cp_async_16(s_x(b) + e * XS + 4 * c, src, live ? 16 : 0);
+    }
+    cp_async_commit();
+  };
+  float dw[MT][NT][4];
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) dw[m][n][i] = 0.f;
+  int64_t r_next;
+  int32_t row_next;
+  meta(gwarp, r_next, row_next);
+  if (gwarp < tiles) issue(gwarp, 0, r_next, row_next);
+  else cp_async_commit();
+  meta(gwarp + warps, r_next, row_next);
+  int b = 0;
+  for (int64_t tile = gwarp; tile < tiles; tile += warps, b ^= 1) {
+    // (the shuffles in issue: every lane of the warp takes this branch)
+    if (tile + warps < tiles) issue(tile + warps, b ^ 1, r_next, row_next);
+    else cp_async_commit();
+    meta(tile + 2 * warps, r_next, row_next);
+    cp_async_wait_one();
+    __syncwarp();
+    const float* G = s_g(b);
+    const float* X = s_x(b);
+    // d X = G W: rows (g, g + 8), columns 8 n + (2 q, 2 q + 1)
+    float dx[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) dx[n][i] = 0.f;
+#pragma unroll 4
+    for (int k0 = 0; k0 < HF; k0 += 8) {
+      uint32_t ahi[4], alo[4];
+      split_tf32(G[g * GS + k0 + q], ahi[0], alo[0]);
+      split_tf32(G[(g + 8) * GS + k0 + q], ahi[1], alo[1]);
+      split_tf32(G[g * GS + k0 + q + 4], ahi[2], alo[2]);
+      split_tf32(G[(g + 8) * GS + k0 + q + 4], ahi[3], alo[3]);
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const int w0 = (k0 + q) * XS + 8 * n + g, w1 = w0 + 4 * XS;
+        mma_1688_tf32(dx[n], alo, s_whi[w0], s_whi[w1]);
+        mma_1688_tf32(dx[n], ahi, s_wlo[w0], s_wlo[w1]);
+        mma_1688_tf32(dx[n], ahi, s_whi[w0], s_whi[w1]);
+      }
+    }
+    // d W += G^T X: rows 16 m + (g, g + 8) of HF, columns 8 n + (2 q, + 1)
+#pragma unroll
+    for (int e0 = 0; e0 < kTcEdges; e0 += 8) {
+      uint32_t bhi[NT][2], blo[NT][2];
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        split_tf32(X[(e0 + q) * XS + 8 * n + g], bhi[n][0], blo[n][0]);
+        split_tf32(X[(e0 + q + 4) * XS + 8 * n + g], bhi[n][1], blo[n][1]);
+      }
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        if (16 * m >= HF) break;  // (warp-uniform)
+        uint32_t ahi[4], alo[4];
+        split_tf32(G[(e0 + q) * GS + 16 * m + g], ahi[0], alo[0]);
+        split_tf32(G[(e0 + q) * GS + 16 * m + g + 8], ahi[1], alo[1]);
+        split_tf32(G[(e0 + q + 4) * GS + 16 * m + g], ahi[2], alo[2]);
+        split_tf32(G[(e0 + q + 4) * GS + 16 * m + g + 8], ahi[3], alo[3]);
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          mma_1688_tf32(dw[m][n], alo, bhi[n][0], bhi[n][1]);
+          mma_1688_tf32(dw[m][n], ahi, blo[n][0], blo[n][1]);
+          mma_1688_tf32(dw[m][n], ahi, bhi[n][0], bhi[n][1]);
+        }
+      }
+    }
+    // the tile's d x rows (loops and rows past the edges: none)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int e = g + 8 * half;
+      const int64_t r = s_r(b)[e];
+      if (r >= a.n_in) continue;
+      const float* dhr = dh != nullptr ? dh + (int64_t)s_row(b)[e] * De : nullptr;
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const int k = 8 * n + 2 * q;
+        if (k >= De) continue;
+        float2 v = make_float2(dx[n][2 * half], dx[n][2 * half + 1]);
+        if (dhr != nullptr) {
+          v.x += dhr[k];
+          v.y += dhr[k + 1];
+        }
+        *reinterpret_cast<float2*>(a.grad_x + r * De + k) = v;
+      }
+    }
+    __syncwarp();  // (stage b is refilled next iteration)
+  }
+  cp_async_wait_all();
+  // this warp's d W cells
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int c = 16 * m + g + 8 * (i >> 1), k = 8 * n + 2 * q + (i & 1);
+        if (c < HF && k < De)
+          a.grad_w[(gwarp * HF + c) * De + k] = dw[m][n][i];
+      }
+}
+
 }  // namespace edge_project
 }  // namespace pyg_dfgnn
 
 using namespace pyg_dfgnn;
+
+namespace pyg_dfgnn {
+namespace edge_project {
+
+// The tensor-core backward takes fp32 with x rows in 16-byte vectors and
+// HF a multiple of 16 up to kTcMaxHF; PYG_DFGNN_PROJECT_TC=0 keeps the
+// CUDA-core kernel (A / B runs).
+bool use_tc_backward(at::ScalarType dtype, int64_t HF, int64_t De,
+                     std::initializer_list<const at::Tensor*> rows) {
+  static const bool enabled = [] {
+    const char* e = std::getenv("PYG_DFGNN_PROJECT_TC");
+    return e == nullptr || std::atoi(e) != 0;
+  }();
+  bool aligned = true;  // (16-byte copies and vector loads of their rows)
+  for (const at::Tensor* t : rows)
+    aligned = aligned && reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0;
+  return enabled && dtype == at::kFloat && HF % 16 == 0 && HF <= kTcMaxHF &&
+         De % 4 == 0 && aligned;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> project_bwd_tc(
+    const at::Tensor& rowptr, const at::Tensor& index, int64_t num_edges,
+    const at::Tensor& x, int64_t fill, const at::Tensor& fill_row,
+    const at::Tensor& w, const at::Tensor& grad, const at::Tensor& loop_pos,
+    at::Tensor grad_x, int sms) {
+  const int64_t n_rows = rowptr.numel() - 1, n_in = x.size(0);
+  const int64_t De = x.size(1), HF = w.size(0);
+  const auto fopt = x.options().dtype(at::kFloat);
+  Args<float> a{};
+  a.rowptr = rowptr.data_ptr<int64_t>();
+  a.index = index.defined() ? index.data_ptr<int64_t>() : nullptr;
+  a.x = x.data_ptr<float>();
+  a.fill_row = fill_row.defined() ? fill_row.data_ptr<float>() : nullptr;
+  a.w = w.data_ptr<float>();
+  a.grad = grad.data_ptr<float>();
+  a.grad_x = grad_x.data_ptr<float>();
+  a.loop_pos = fill != 0 ? loop_pos.data_ptr<int64_t>() : nullptr;
+  a.n_rows = n_rows, a.n_in = n_in;
+  a.HF = (int)HF, a.De = (int)De, a.fill = (int)fill;
+  a.vec = true;
+  auto stream = at::cuda::getCurrentCUDAStream();
+  // edge rows and the loops' x rows and handed d x (fills only)
+  at::Tensor edge_row, x_loop, dh;
+  if (fill != 0) {
+    edge_row = at::empty({num_edges}, x.options().dtype(at::kInt));
+    x_loop = at::empty({n_rows, De}, fopt);
+    dh = at::empty({n_rows, De}, fopt);
+    const unsigned row_blocks = (unsigned)((n_rows + kWarps - 1) / kWarps);
+    with_bound<kEdgeProjectMaxDim>(De, [&](auto max_dim) {
+      constexpr int DE = decltype(max_dim)::value;
+      project_loops_kernel<float, DE><<<row_blocks, kThreads, 0, stream>>>(
+          a, edge_row.data_ptr<int32_t>(), x_loop.data_ptr<float>(),
+          dh.data_ptr<float>());
+    });
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  const int64_t tiles = (num_edges + kTcEdges - 1) / kTcEdges;
+  const int64_t blocks = std::max<int64_t>(
+      1, std::min<int64_t>((tiles + kTcWarps - 1) / kTcWarps,
+                           (int64_t)kTcBlocksPerSM * sms));
+  at::Tensor partial = at::empty({blocks * kTcWarps, HF, De}, fopt);
+  a.grad_w = partial.data_ptr<float>();
+  with_bound<kEdgeProjectMaxDim>(De, [&](auto max_dim) {
+    constexpr int DE = decltype(max_dim)::value;
+    const size_t bytes = sizeof(float) * TcLayout<DE>::kFloats;
+    auto kernel = project_bwd_tc_kernel<DE>;
+    C10_CUDA_CHECK(cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    kernel<<<(unsigned)blocks, kTcWarps * kWarpSize, bytes, stream>>>(
+        a, fill != 0 ? edge_row.data_ptr<int32_t>() : nullptr,
+        fill != 0 ? x_loop.data_ptr<float>() : nullptr,
+        fill == 1 || fill == 2 ? dh.data_ptr<float>() : nullptr, num_edges);
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {at::empty({0, HF}, x.options()), grad_x, partial.sum(0)};
+}
+
+}  // namespace edge_project
+}  // namespace pyg_dfgnn
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> edge_attr_project_cuda(
     const at::Tensor& rowptr, const c10::optional<at::Tensor>& index_opt,
@@ -434,7 +805,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> edge_attr_project_cuda(
   const auto opts = x.options();
   at::Tensor out = at::empty({backward ? 0 : num_edges, HF}, opts);
   at::Tensor grad_x = at::empty({backward ? n_in : 0, De}, opts);
+  if (n_rows == 0 || num_edges == 0) {
+    return {out, grad_x.zero_(), at::zeros({backward ? HF : 0, De},
+                                           opts.dtype(at::kFloat))};
+  }
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  if (backward) {
+    const at::Tensor w = weight.contiguous(), g = grad.contiguous();
+    if (edge_project::use_tc_backward(dtype, HF, De, {&x, &w, &g}))
+      return edge_project::project_bwd_tc(ptr, index, num_edges, x, fill, fr,
+                                          w, g, loop_pos, grad_x, sms);
+  }
   const int64_t row_blocks =
       (n_rows + edge_project::kWarps - 1) / edge_project::kWarps;
   // forward: a few blocks per SM walk the rows; backward: one (registers)
@@ -443,10 +824,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> edge_attr_project_cuda(
   at::Tensor partial = at::empty(
       {backward ? (int64_t)blocks * edge_project::kWarps : 0, HF, De},
       opts.dtype(at::kFloat));
-  if (n_rows == 0 || num_edges == 0) {
-    return {out, grad_x.zero_(), at::zeros({backward ? HF : 0, De},
-                                           opts.dtype(at::kFloat))};
-  }
   auto stream = at::cuda::getCurrentCUDAStream();
   PYG_DFGNN_DISPATCH_FLOAT(dtype, "edge_attr_project", [&] {
     edge_project::Args<scalar_t> a;

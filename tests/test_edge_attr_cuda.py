@@ -355,13 +355,18 @@ def check_projection(fill, kind, dtype, dim, out_dim, seed):
         assert bool((got[0][0] == 0).all())
 
 
-def test_projection_is_deterministic_and_runs_the_kernels():
+# fp32 runs the tensor-core backward (with its loops kernel), half precision
+# the CUDA-core one.
+@pytest.mark.parametrize('dtype,backward', [
+    (torch.float32, 'project_bwd_tc_kernel'),
+    (torch.bfloat16, 'project_bwd_kernel')])
+def test_projection_is_deterministic_and_runs_the_kernels(dtype, backward):
     from pyg_dfgnn.ops.edge_attr import edge_attr_project
     _kernels()
     ei = torch.randint(0, 300, (2, 5000), device='cuda')
     structure = resolve_graph(ei, 300, 300, ei.device, loops=300)
-    x = torch.randn(5000, 16, device='cuda', requires_grad=True)
-    w = torch.randn(128, 16, device='cuda', requires_grad=True)
+    x = torch.randn(5000, 16, device='cuda', dtype=dtype, requires_grad=True)
+    w = torch.randn(128, 16, device='cuda', dtype=dtype, requires_grad=True)
     emap = structure.edge_attr_map(ei, x, 'mean')
     runs = []
     with torch.profiler.profile(
@@ -371,7 +376,9 @@ def test_projection_is_deterministic_and_runs_the_kernels():
             runs.append((k,) + torch.autograd.grad(k.square().sum(), (x, w)))
         torch.cuda.synchronize()
     names = ' '.join(e.key for e in prof.key_averages())
-    assert 'project_fwd_kernel' in names and 'project_bwd_kernel' in names
+    assert 'project_fwd_kernel' in names and backward in names
+    if dtype == torch.float32:
+        assert 'project_loops_kernel' in names
     for a, b in zip(*runs):
         assert torch.equal(a, b)
 
