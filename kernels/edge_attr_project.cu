@@ -412,18 +412,15 @@ __device__ __forceinline__ void cp_async_wait_one() {
 
 // Per row (warp per row): edge_row of its edges and, for a row with a
 // loop, x_loop (fill 1 / 2: share * the sum of its other x rows; fill 3:
-// fill_row) and dh (fill 1 / 2: share * W^T g_loop; else 0). Lane l takes
-// the 4 columns kc = l % KC of x / dh (KC = DE / 4) for the edges, resp.
-// the columns c of g_loop, of its slot l / KC; the slots' partials meet by
-// shuffles. (A lane per column walked g_loop one dependent load at a time:
-// 0.29 ms on gatv2-edge; 32 values per lane cost half the resident warps of
-// this latency-bound kernel: 0.43 ms.) fp32 x / W rows in 16-byte vectors:
-// the tensor-core path's inputs.
+// fill_row) and dh (fill 1 / 2: share * W^T g_loop; else 0). Lanes over
+// edges for the x sum, over 4-column groups of g_loop for dh (a lane per
+// column walked g_loop one dependent load at a time: 0.29 ms on
+// gatv2-edge), both summed over the warp. (fp32 x / W / grad rows in
+// 16-byte vectors: the tensor-core path's inputs.)
 template <typename T, int DE>
 __global__ void __launch_bounds__(kThreads)
     project_loops_kernel(Args<T> a, int32_t* __restrict__ edge_row,
                          float* __restrict__ x_loop, float* __restrict__ dh) {
-  constexpr int KC = DE / 4, kSlots = kWarpSize / KC;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int64_t row = (int64_t)blockIdx.x * kWarps + warp;
   if (row >= a.n_rows) return;
@@ -432,43 +429,54 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t loop_p = a.loop_pos[row];
   const bool handed = loop_p >= 0 && (a.fill == 1 || a.fill == 2);
   const float share = edge_rows::loop_share(a.fill, hi - lo - 1);
-  const int kc = lane % KC, slot = lane / KC, k0 = 4 * kc;
-  const bool has_k = k0 < a.De;
-  float xs[4] = {0.f, 0.f, 0.f, 0.f}, d[4] = {0.f, 0.f, 0.f, 0.f};
-  if (handed) {  // (warp-uniform)
-    for (int64_t p = lo + slot; p < hi; p += kSlots) {
-      const int64_t r = a.index[p];
-      if (r >= a.n_in || !has_k) continue;
-      float t[4];
-      load_vec<T, 4>(a.x + r * a.De + k0, t);
+  float xs[DE], d[DE];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) xs[i] += t[i];
+  for (int k = 0; k < DE; ++k) xs[k] = d[k] = 0.f;
+  if (handed) {  // (warp-uniform)
+    for (int64_t p = lo + lane; p < hi; p += kWarpSize) {
+      const int64_t r = a.index[p];
+      if (r >= a.n_in) continue;
+#pragma unroll
+      for (int k = 0; k < DE; k += 4) {
+        float t[4] = {0.f, 0.f, 0.f, 0.f};
+        if (k < a.De) load_vec<T, 4>(a.x + r * a.De + k, t);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) xs[k + i] += t[i];
+      }
     }
     const T* gl = a.grad + loop_p * a.HF;
-    for (int c = slot; c < a.HF && has_k; c += kSlots) {
-      const float gc = to_float(gl[c]);
-      float wv[4];
-      load_vec<T, 4>(a.w + (int64_t)c * a.De + k0, wv);
+    for (int c = 4 * lane; c < a.HF; c += 4 * kWarpSize) {
+      float gv[4];
+      load_vec<T, 4>(gl + c, gv);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) d[i] = fmaf(gc, wv[i], d[i]);
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int k = 0; k < DE; k += 4) {
+          if (k >= a.De) break;
+          float wv[4];
+          load_vec<T, 4>(a.w + (int64_t)(c + i) * a.De + k, wv);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) d[k + j] = fmaf(gv[i], wv[j], d[k + j]);
+        }
     }
 #pragma unroll
-    for (int o = KC; o < kWarpSize; o <<= 1)
+    for (int k = 0; k < DE; ++k)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        xs[i] += __shfl_xor_sync(kFullMask, xs[i], o);
-        d[i] += __shfl_xor_sync(kFullMask, d[i], o);
+      for (int o = kWarpSize / 2; o > 0; o >>= 1) {
+        xs[k] += __shfl_xor_sync(kFullMask, xs[k], o);
+        d[k] += __shfl_xor_sync(kFullMask, d[k], o);
       }
   }
-  if (slot != 0 || !has_k) return;
-  float xo[4], dv[4];
+  float mine_x = 0.f, mine_d = 0.f;  // lane k's entries
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    xo[i] = a.fill == 3 ? to_float(a.fill_row[k0 + i]) : xs[i] * share;
-    dv[i] = d[i] * share;
+  for (int k = 0; k < DE; ++k)
+    if (lane == k) mine_x = xs[k], mine_d = d[k];
+  if (lane < a.De) {
+    if (loop_p >= 0)
+      x_loop[row * a.De + lane] =
+          a.fill == 3 ? to_float(a.fill_row[lane]) : mine_x * share;
+    dh[row * a.De + lane] = mine_d * share;
   }
-  if (loop_p >= 0) store_vec<float, 4>(x_loop + row * a.De + k0, xo);
-  store_vec<float, 4>(dh + row * a.De + k0, dv);
 }
 
 template <int DE>
