@@ -17,7 +17,8 @@
 // is ever formed. The backward's lanes each hold a block of columns x 4
 // k's (W and d W in registers); an edge's d x is their sum over the column
 // blocks (a transposing reduction, 4 - 6 shuffles), its d W per-warp
-// partials summed afterwards: no atomics, deterministic.
+// partials summed afterwards: no atomics, deterministic. fp32 backwards of
+// tensor-core shapes take project_bwd_tc_kernel instead (below).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -413,10 +414,13 @@ __device__ __forceinline__ void cp_async_wait_one() {
 // Per row (warp per row): edge_row of its edges and, for a row with a
 // loop, x_loop (fill 1 / 2: share * the sum of its other x rows; fill 3:
 // fill_row) and dh (fill 1 / 2: share * W^T g_loop; else 0). Lanes over
-// edges for the x sum, over 4-column groups of g_loop for dh (a lane per
-// column walked g_loop one dependent load at a time: 0.29 ms on
-// gatv2-edge), both summed over the warp. (fp32 x / W / grad rows in
-// 16-byte vectors: the tensor-core path's inputs.)
+// edges for the x sum, over 4-column groups of g_loop for dh, both summed
+// over the warp (0.43 ms on gatv2-edge, H100: DE + DE values per lane,
+// 73 registers, halve the resident warps of this latency-bound kernel; a
+// lane per column was 0.29, 4 values per lane 0.22 -- NOTES session 32).
+// edge_row repeats the map's (EdgeAttrMap.edge_row), which this op is not
+// given. (fp32 x / W / grad rows in 16-byte vectors: the tensor-core
+// path's inputs.)
 template <typename T, int DE>
 __global__ void __launch_bounds__(kThreads)
     project_loops_kernel(Args<T> a, int32_t* __restrict__ edge_row,
