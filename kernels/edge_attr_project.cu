@@ -413,74 +413,67 @@ __device__ __forceinline__ void cp_async_wait_one() {
 
 // Per row (warp per row): edge_row of its edges and, for a row with a
 // loop, x_loop (fill 1 / 2: share * the sum of its other x rows; fill 3:
-// fill_row) and dh (fill 1 / 2: share * W^T g_loop; else 0). Lanes over
-// edges for the x sum, over 4-column groups of g_loop for dh, both summed
-// over the warp (0.43 ms on gatv2-edge, H100: DE + DE values per lane,
-// 73 registers, halve the resident warps of this latency-bound kernel; a
-// lane per column was 0.29, 4 values per lane 0.22 -- NOTES session 32).
-// edge_row repeats the map's (EdgeAttrMap.edge_row), which this op is not
-// given. (fp32 x / W / grad rows in 16-byte vectors: the tensor-core
-// path's inputs.)
+// fill_row) and dh (fill 1 / 2: share * W^T g_loop; else 0). Lane l takes
+// the 4 columns kc = l % KC of x / dh (KC = DE / 4) for the edges, resp.
+// the columns c of g_loop, of its slot l / KC; the slots' partials meet by
+// shuffles: 0.22 ms on gatv2-edge, H100 (a lane per column walked g_loop
+// one dependent load at a time: 0.29 ms; DE + DE values per lane halved the
+// resident warps of this latency-bound kernel: 0.43 ms -- NOTES session
+// 32). edge_row is written only when the map did not hand its own
+// (EdgeAttrMap.edge_row, built once per graph). fp32 x / W rows in 16-byte
+// vectors: the tensor-core path's inputs.
 template <typename T, int DE>
 __global__ void __launch_bounds__(kThreads)
     project_loops_kernel(Args<T> a, int32_t* __restrict__ edge_row,
                          float* __restrict__ x_loop, float* __restrict__ dh) {
+  constexpr int KC = DE / 4, kSlots = kWarpSize / KC;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int64_t row = (int64_t)blockIdx.x * kWarps + warp;
   if (row >= a.n_rows) return;
   const int64_t lo = a.rowptr[row], hi = a.rowptr[row + 1];
-  for (int64_t p = lo + lane; p < hi; p += kWarpSize) edge_row[p] = (int32_t)row;
+  if (edge_row != nullptr)
+    for (int64_t p = lo + lane; p < hi; p += kWarpSize)
+      edge_row[p] = (int32_t)row;
   const int64_t loop_p = a.loop_pos[row];
   const bool handed = loop_p >= 0 && (a.fill == 1 || a.fill == 2);
   const float share = edge_rows::loop_share(a.fill, hi - lo - 1);
-  float xs[DE], d[DE];
-#pragma unroll
-  for (int k = 0; k < DE; ++k) xs[k] = d[k] = 0.f;
+  const int kc = lane % KC, slot = lane / KC, k0 = 4 * kc;
+  const bool has_k = k0 < a.De;
+  float xs[4] = {0.f, 0.f, 0.f, 0.f}, d[4] = {0.f, 0.f, 0.f, 0.f};
   if (handed) {  // (warp-uniform)
-    for (int64_t p = lo + lane; p < hi; p += kWarpSize) {
+    for (int64_t p = lo + slot; p < hi; p += kSlots) {
       const int64_t r = a.index[p];
-      if (r >= a.n_in) continue;
+      if (r >= a.n_in || !has_k) continue;
+      float t[4];
+      load_vec<T, 4>(a.x + r * a.De + k0, t);
 #pragma unroll
-      for (int k = 0; k < DE; k += 4) {
-        float t[4] = {0.f, 0.f, 0.f, 0.f};
-        if (k < a.De) load_vec<T, 4>(a.x + r * a.De + k, t);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) xs[k + i] += t[i];
-      }
+      for (int i = 0; i < 4; ++i) xs[i] += t[i];
     }
     const T* gl = a.grad + loop_p * a.HF;
-    for (int c = 4 * lane; c < a.HF; c += 4 * kWarpSize) {
-      float gv[4];
-      load_vec<T, 4>(gl + c, gv);
+    for (int c = slot; c < a.HF && has_k; c += kSlots) {
+      const float gc = to_float(gl[c]);
+      float wv[4];
+      load_vec<T, 4>(a.w + (int64_t)c * a.De + k0, wv);
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int k = 0; k < DE; k += 4) {
-          if (k >= a.De) break;
-          float wv[4];
-          load_vec<T, 4>(a.w + (int64_t)(c + i) * a.De + k, wv);
-#pragma unroll
-          for (int j = 0; j < 4; ++j) d[k + j] = fmaf(gv[i], wv[j], d[k + j]);
-        }
+      for (int i = 0; i < 4; ++i) d[i] = fmaf(gc, wv[i], d[i]);
     }
 #pragma unroll
-    for (int k = 0; k < DE; ++k)
+    for (int o = KC; o < kWarpSize; o <<= 1)
 #pragma unroll
-      for (int o = kWarpSize / 2; o > 0; o >>= 1) {
-        xs[k] += __shfl_xor_sync(kFullMask, xs[k], o);
-        d[k] += __shfl_xor_sync(kFullMask, d[k], o);
+      for (int i = 0; i < 4; ++i) {
+        xs[i] += __shfl_xor_sync(kFullMask, xs[i], o);
+        d[i] += __shfl_xor_sync(kFullMask, d[i], o);
       }
   }
-  float mine_x = 0.f, mine_d = 0.f;  // lane k's entries
+  if (slot != 0 || !has_k) return;
+  float xo[4], dv[4];
 #pragma unroll
-  for (int k = 0; k < DE; ++k)
-    if (lane == k) mine_x = xs[k], mine_d = d[k];
-  if (lane < a.De) {
-    if (loop_p >= 0)
-      x_loop[row * a.De + lane] =
-          a.fill == 3 ? to_float(a.fill_row[lane]) : mine_x * share;
-    dh[row * a.De + lane] = mine_d * share;
+  for (int i = 0; i < 4; ++i) {
+    xo[i] = a.fill == 3 ? to_float(a.fill_row[k0 + i]) : xs[i] * share;
+    dv[i] = d[i] * share;
   }
+  if (loop_p >= 0) store_vec<float, 4>(x_loop + row * a.De + k0, xo);
+  store_vec<float, 4>(dh + row * a.De + k0, dv);
 }
 
 template <int DE>
@@ -505,14 +498,13 @@ __global__ void __launch_bounds__(kTcWarps * kWarpSize, kTcBlocksPerSM)
   __syncthreads();
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int g = lane >> 2, q = lane & 3;
-  float* stage[2];
-  stage[0] = smem + 2 * kTcMaxHF * XS + warp * 2 * L::kStageFloats;
-  stage[1] = stage[0] + L::kStageFloats;
+  // this warp's two stages, one after the other
+  float* const stage0 = smem + 2 * kTcMaxHF * XS + warp * 2 * L::kStageFloats;
   // a stage: G rows, x rows, then user rows (int64) and CSR rows (int32)
-  auto s_g = [&](int b) { return stage[b]; };
-  auto s_x = [&](int b) { return stage[b] + kTcEdges * GS; };
+  auto s_g = [&](int b) { return stage0 + b * L::kStageFloats; };
+  auto s_x = [&](int b) { return s_g(b) + kTcEdges * GS; };
   auto s_r = [&](int b) {
-    return reinterpret_cast<int64_t*>(stage[b] + kTcEdges * GS + kTcEdges * XS);
+    return reinterpret_cast<int64_t*>(s_x(b) + kTcEdges * XS);
   };
   auto s_row = [&](int b) {
     return reinterpret_cast<int32_t*>(s_r(b) + kTcEdges);
@@ -689,7 +681,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> project_bwd_tc(
     const at::Tensor& rowptr, const at::Tensor& index, int64_t num_edges,
     const at::Tensor& x, int64_t fill, const at::Tensor& fill_row,
     const at::Tensor& w, const at::Tensor& grad, const at::Tensor& loop_pos,
-    at::Tensor grad_x, int sms) {
+    const at::Tensor& map_edge_row, at::Tensor grad_x, int sms) {
   const int64_t n_rows = rowptr.numel() - 1, n_in = x.size(0);
   const int64_t De = x.size(1), HF = w.size(0);
   const auto fopt = x.options().dtype(at::kFloat);
@@ -704,20 +696,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> project_bwd_tc(
   a.loop_pos = fill != 0 ? loop_pos.data_ptr<int64_t>() : nullptr;
   a.n_rows = n_rows, a.n_in = n_in;
   a.HF = (int)HF, a.De = (int)De, a.fill = (int)fill;
-  a.vec = true;
   auto stream = at::cuda::getCurrentCUDAStream();
   // edge rows and the loops' x rows and handed d x (fills only)
-  at::Tensor edge_row, x_loop, dh;
+  at::Tensor edge_row = map_edge_row, x_loop, dh;
   if (fill != 0) {
-    edge_row = at::empty({num_edges}, x.options().dtype(at::kInt));
+    const bool given = edge_row.defined();
+    if (!given) edge_row = at::empty({num_edges}, x.options().dtype(at::kInt));
     x_loop = at::empty({n_rows, De}, fopt);
     dh = at::empty({n_rows, De}, fopt);
     const unsigned row_blocks = (unsigned)((n_rows + kWarps - 1) / kWarps);
     with_bound<kEdgeProjectMaxDim>(De, [&](auto max_dim) {
       constexpr int DE = decltype(max_dim)::value;
       project_loops_kernel<float, DE><<<row_blocks, kThreads, 0, stream>>>(
-          a, edge_row.data_ptr<int32_t>(), x_loop.data_ptr<float>(),
-          dh.data_ptr<float>());
+          a, given ? nullptr : edge_row.data_ptr<int32_t>(),
+          x_loop.data_ptr<float>(), dh.data_ptr<float>());
     });
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
@@ -750,7 +742,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> edge_attr_project_cuda(
     int64_t num_edges, const at::Tensor& edge_attr, int64_t fill,
     const c10::optional<at::Tensor>& fill_row_opt, const at::Tensor& weight,
     const c10::optional<at::Tensor>& grad_opt,
-    const c10::optional<at::Tensor>& loop_pos_opt) {
+    const c10::optional<at::Tensor>& loop_pos_opt,
+    const c10::optional<at::Tensor>& edge_row_opt) {
   TORCH_CHECK(edge_attr.is_cuda() && edge_attr.dim() == 2,
               "edge_attr_project: 'edge_attr' must be a CUDA tensor "
               "[E_in, De]");
@@ -787,6 +780,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> edge_attr_project_cuda(
   const at::Tensor fr = input(fill_row_opt, "fill_row");
   const at::Tensor grad = input(grad_opt, "grad");
   const at::Tensor loop_pos = input(loop_pos_opt, "loop_pos");
+  const at::Tensor edge_row = input(edge_row_opt, "edge_row");
   const int64_t n_rows = ptr.numel() - 1;
   TORCH_CHECK(index.defined() ? index.scalar_type() == at::kLong &&
                                     index.numel() == num_edges
@@ -800,6 +794,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> edge_attr_project_cuda(
                             loop_pos.scalar_type() == at::kLong &&
                             loop_pos.numel() == n_rows),
               "edge_attr_project: a fill needs 'loop_pos' (int64 [N])");
+  TORCH_CHECK(!edge_row.defined() || (edge_row.scalar_type() == at::kInt &&
+                                      edge_row.numel() == num_edges),
+              "edge_attr_project: 'edge_row' must be int32 [num_edges]");
   const bool backward = grad.defined();
   TORCH_CHECK(!backward || (grad.scalar_type() == dtype && grad.dim() == 2 &&
                             grad.size(0) == num_edges && grad.size(1) == HF),
@@ -818,7 +815,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> edge_attr_project_cuda(
     const at::Tensor w = weight.contiguous(), g = grad.contiguous();
     if (edge_project::use_tc_backward(dtype, HF, De, {&x, &w, &g}))
       return edge_project::project_bwd_tc(ptr, index, num_edges, x, fill, fr,
-                                          w, g, loop_pos, grad_x, sms);
+                                          w, g, loop_pos, edge_row, grad_x,
+                                          sms);
   }
   const int64_t row_blocks =
       (n_rows + edge_project::kWarps - 1) / edge_project::kWarps;

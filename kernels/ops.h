@@ -158,12 +158,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> edge_attr_project_cuda(
     int64_t num_edges, const at::Tensor& edge_attr, int64_t fill,
     const c10::optional<at::Tensor>& fill_row, const at::Tensor& weight,
     const c10::optional<at::Tensor>& grad,
-    const c10::optional<at::Tensor>& loop_pos);
+    const c10::optional<at::Tensor>& loop_pos,
+    const c10::optional<at::Tensor>& edge_row);
 
 inline constexpr const char* kEdgeAttrProjectSchema =
     "edge_attr_project(Tensor rowptr, Tensor? index, int num_edges, "
     "Tensor edge_attr, int fill, Tensor? fill_row, Tensor weight, "
-    "Tensor? grad, Tensor? loop_pos) -> (Tensor, Tensor, Tensor)";
+    "Tensor? grad, Tensor? loop_pos, Tensor? edge_row=None) -> "
+    "(Tensor, Tensor, Tensor)";
 
 // The two ops' schemas (one definition: ops.cpp registers them in
 // pyg_dfgnn, the backward's stand-alone test build in its own namespace).

@@ -383,6 +383,37 @@ def test_projection_is_deterministic_and_runs_the_kernels(dtype, backward):
         assert torch.equal(a, b)
 
 
+# The backward's loops kernel writes each edge's row itself when the op is
+# not handed the map's: both give the same bits (fp32: the tensor-core
+# backward; De 4 / 8 / 16: the loops kernel's 1, 2 and 4 column groups).
+@pytest.mark.parametrize('dim', [4, 8, 16])
+@pytest.mark.parametrize('fill', ['mean', 'add', 'const'])
+def test_projection_op_builds_edge_rows_when_not_given(dim, fill):
+    from pyg_dfgnn.ops.edge_attr import FILL_IDS, csr_edge_attr
+    _kernels()
+    clear_graph_cache()
+    gen = torch.Generator().manual_seed(zlib.crc32(f'rows{dim}{fill}'.encode()))
+    ei = torch.randint(0, 200, (2, 3000), generator=gen).cuda()
+    structure = resolve_graph(ei, 200, 200, ei.device, loops=200)
+    x = torch.randn(3000, dim, generator=gen).cuda()
+    w = torch.randn(64, dim, generator=gen).cuda()
+    emap = structure.edge_attr_map(ei, x, 0.5 if fill == 'const' else fill)
+    g = torch.randn(emap.num_edges, 64, generator=gen).cuda()
+    fill_row = None if emap.fill_row is None else emap.fill_row.to(x.dtype)
+    args = (emap.rowptr, emap.index, emap.num_edges, x, FILL_IDS[emap.fill],
+            fill_row, w, g, emap.loop_pos)
+    assert emap.edge_row is not None
+    poison_allocator()
+    given = torch.ops.pyg_dfgnn.edge_attr_project(*args, emap.edge_row)
+    poison_allocator()
+    built = torch.ops.pyg_dfgnn.edge_attr_project(*args)
+    for a, b in zip(given[1:], built[1:]):
+        assert torch.isfinite(a).all() and torch.equal(a, b)
+    # and d W is the gradient: sum_p g_p x_p^T over the CSR rows
+    want = g.double().t() @ csr_edge_attr(emap, x.double())
+    assert rel_err(given[2], want) <= 1e-5
+
+
 @pytest.mark.parametrize('kwargs', [
     dict(heads=3, edge_dim=5),  # H * C = 36: the projection kernels
     dict(heads=2, edge_dim=16, fill_value=0.3, dropout=0.0),

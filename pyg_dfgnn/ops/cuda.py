@@ -138,7 +138,7 @@ def _edge_rows_fake(rowptr, index, num_edges, edge_attr, fill, fill_row,
 
 
 def _edge_project_fake(rowptr, index, num_edges, edge_attr, fill, fill_row,
-                       weight, grad, loop_pos):
+                       weight, grad, loop_pos, edge_row=None):
     out_dim, dim = weight.shape
     backward = grad is not None
     return (edge_attr.new_empty((0 if backward else num_edges, out_dim)),

@@ -332,7 +332,8 @@ def _project_op(emap: EdgeAttrMap, edge_attr: Tensor, weight: Tensor,
         fill_row = fill_row.to(edge_attr.dtype)
     out = torch.ops.pyg_dfgnn.edge_attr_project(
         emap.rowptr, emap.index, emap.num_edges, edge_attr,
-        FILL_IDS[emap.fill], fill_row, weight, grad, emap.loop_pos)
+        FILL_IDS[emap.fill], fill_row, weight, grad, emap.loop_pos,
+        emap.edge_row)
     if grad is not None:
         _zero_unused_rows(emap, out[1])
     return out
