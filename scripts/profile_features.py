@@ -10,6 +10,7 @@ kernels of five training steps (torch.profiler), heaviest first.
 them) instead of the benchmark's destination order: the user's edge
 attributes are then read in CSC order, not CSR order.
 """
+import os
 import sys
 from pathlib import Path
 
@@ -73,7 +74,7 @@ def main(rows) -> None:
         events.sort(key=lambda e: -e.device_time_total)
         total = sum(e.device_time_total for e in events) / 5
         print(f'{total / 1e3:8.3f} ms total')
-        for e in events[:12]:
+        for e in events[:int(os.environ.get('PROFILE_TOP', '12'))]:
             print(f'{e.device_time_total / 5e3:8.3f} ms {e.count // 5:3d}x '
                   f'{e.key[:90]}')
         if SHAPES:  # the aten ops behind the gathers / scatters, by caller
