@@ -30,13 +30,8 @@ __host__ __device__ __forceinline__ int edge_group_lanes(int De) {
 // SUMS: sums (and maybe scatter), no dots; else dots and / or scatter --
 // the [MAXH][kVW] accumulators and the dots' registers are never live
 // together (the host takes dots with sums to the row kernel).
-// kSteps warp steps per loop iteration: their x rows in flight together
-// (8 heads' sums keep one: their [8][kVW] accumulators would spill).
-template <bool SUMS, int MAXH>
-constexpr int kGroupSteps = SUMS && MAXH > 4 ? 1 : 2;
-
 template <typename T, int MAXH, bool SUMS>
-__global__ void __launch_bounds__(kThreads, 3)
+__global__ void __launch_bounds__(kThreads, SUMS && MAXH > 4 ? 3 : 4)
     edge_groups_kernel(Args<T> a, int G) {
   static_assert(kVW == 4, "the group kernel reads M in float4");
   const bool dots = !SUMS && a.dots != nullptr;
@@ -81,94 +76,72 @@ __global__ void __launch_bounds__(kThreads, 3)
 #pragma unroll
     for (int i = 0; i < kVW; ++i) acc[h][i] = 0.f;
 
-  // The loop is latency-bound on the chain CSR edge -> user row -> x row:
-  // kSteps warp steps per iteration, the next iteration's user rows loaded
-  // one iteration ahead.
-  constexpr int kSteps = kGroupSteps<SUMS, MAXH>;
-  auto user_row = [&](int64_t p) -> int64_t {  // past the row: n_in
-    return p < hi ? (a.index != nullptr ? a.index[p] : p) : a.n_in;
-  };
-  int64_t r_next[kSteps];
+  for (int64_t b = lo; b < hi; b += slots) {  // (warp-uniform)
+    const int64_t p = b + slot;
+    int64_t r = a.n_in;  // past the row: like the loop, nothing to do
+    if (p < hi) r = a.index != nullptr ? a.index[p] : p;
+    const bool live = r < a.n_in;  // (group-uniform)
+    float xv[kVW];
 #pragma unroll
-  for (int u = 0; u < kSteps; ++u) r_next[u] = user_row(lo + u * slots + slot);
-  for (int64_t b = lo; b < hi; b += kSteps * slots) {  // (warp-uniform)
-    int64_t r_cur[kSteps];
-    float x_cur[kSteps][kVW];
+    for (int i = 0; i < kVW; ++i) xv[i] = 0.f;
+    if (live && has_col) load_vec<T, kVW>(a.x + r * De + col, xv);
+    if (dots) {
+      float part[MAXH];
 #pragma unroll
-    for (int u = 0; u < kSteps; ++u) {
-      r_cur[u] = r_next[u];
-#pragma unroll
-      for (int i = 0; i < kVW; ++i) x_cur[u][i] = 0.f;
-      if (r_cur[u] < a.n_in && has_col)
-        load_vec<T, kVW>(a.x + r_cur[u] * De + col, x_cur[u]);
-    }
-#pragma unroll
-    for (int u = 0; u < kSteps; ++u)
-      r_next[u] = user_row(b + (kSteps + u) * slots + slot);
-#pragma unroll
-    for (int u = 0; u < kSteps; ++u) {
-      const int64_t p = b + u * slots + slot;
-      const int64_t r = r_cur[u];
-      const bool live = r < a.n_in;  // (group-uniform)
-      const float* xv = x_cur[u];
-      if (dots) {
-        float part[MAXH];
-#pragma unroll
-        for (int h = 0; h < MAXH; ++h) {
-          float4 mv = make_float4(0.f, 0.f, 0.f, 0.f);
-          if constexpr (kRegH == MAXH)
-            mv = make_float4(mr[h][0], mr[h][1], mr[h][2], mr[h][3]);
-          else if (h < H && has_col)
-            mv = *reinterpret_cast<const float4*>(m + h * De + col);
-          part[h] = fmaf(mv.x, xv[0], fmaf(mv.y, xv[1],
-                    fmaf(mv.z, xv[2], mv.w * xv[3])));
-        }
-#pragma unroll
-        for (int h = 0; h < MAXH; ++h) {
-          if (h >= H) break;  // (warp-uniform)
-#pragma unroll
-          for (int o = kWarpSize / 2; o > 0; o >>= 1)
-            if (o < G)  // (warp-uniform)
-              part[h] += __shfl_xor_sync(kFullMask, part[h], o);
-          if (live && lg == (h & gmask))
-            a.dots[p * H + h] = from_float<T>(part[h]);
-          if (live && lg == 0) dsum[h] += part[h];
-        }
+      for (int h = 0; h < MAXH; ++h) {
+        float4 mv = make_float4(0.f, 0.f, 0.f, 0.f);
+        if constexpr (kRegH == MAXH)
+          mv = make_float4(mr[h][0], mr[h][1], mr[h][2], mr[h][3]);
+        else if (h < H && has_col)
+          mv = *reinterpret_cast<const float4*>(m + h * De + col);
+        part[h] = fmaf(mv.x, xv[0], fmaf(mv.y, xv[1],
+                  fmaf(mv.z, xv[2], mv.w * xv[3])));
       }
-      if (SUMS || a.scatter != nullptr) {
-        float wv[MAXH];
+#pragma unroll
+      for (int h = 0; h < MAXH; ++h) {
+        if (h >= H) break;  // (warp-uniform)
+#pragma unroll
+        for (int o = kWarpSize / 2; o > 0; o >>= 1)
+          if (o < G)  // (warp-uniform)
+            part[h] += __shfl_xor_sync(kFullMask, part[h], o);
+        if (live && lg == (h & gmask))
+          a.dots[p * H + h] = from_float<T>(part[h]);
+        if (live && lg == 0) dsum[h] += part[h];
+      }
+    }
+    if (SUMS || a.scatter != nullptr) {
+      float wv[MAXH];
+#pragma unroll
+      for (int h = 0; h < MAXH; ++h)
+        wv[h] = live && h < H ? to_float(a.w[p * H + h]) + wl[h] : 0.f;
+      if constexpr (SUMS) {
 #pragma unroll
         for (int h = 0; h < MAXH; ++h)
-          wv[h] = live && h < H ? to_float(a.w[p * H + h]) + wl[h] : 0.f;
-        if constexpr (SUMS) {
+#pragma unroll
+          for (int i = 0; i < kVW; ++i)
+            acc[h][i] = fmaf(wv[h], xv[i], acc[h][i]);
+      }
+      if (a.scatter != nullptr && live && has_col) {
+        // g += w'_h M_h over the heads: M's slice in shared memory
+        float g[kVW] = {0.f, 0.f, 0.f, 0.f};
+        auto add_term = [&](int h, float wt, const float* mm) {
+          const float4 mv = *reinterpret_cast<const float4*>(mm + h * De + col);
+          g[0] = fmaf(wt, mv.x, g[0]);
+          g[1] = fmaf(wt, mv.y, g[1]);
+          g[2] = fmaf(wt, mv.z, g[2]);
+          g[3] = fmaf(wt, mv.w, g[3]);
+        };
+#pragma unroll
+        for (int h = 0; h < MAXH; ++h)
+          if (h < H) add_term(h, wv[h], m);
+        if (a.m2 != nullptr)  // (the second term: after M in shared m)
 #pragma unroll
           for (int h = 0; h < MAXH; ++h)
-#pragma unroll
-            for (int i = 0; i < kVW; ++i)
-              acc[h][i] = fmaf(wv[h], xv[i], acc[h][i]);
-        }
-        if (a.scatter != nullptr && live && has_col) {
-          // g += w'_h M_h over the heads: M's slice in shared memory
-          float g[kVW] = {0.f, 0.f, 0.f, 0.f};
-          auto add_term = [&](int h, float wt, const float* mm) {
-            const float4 mv = *reinterpret_cast<const float4*>(mm + h * De + col);
-            g[0] = fmaf(wt, mv.x, g[0]);
-            g[1] = fmaf(wt, mv.y, g[1]);
-            g[2] = fmaf(wt, mv.z, g[2]);
-            g[3] = fmaf(wt, mv.w, g[3]);
-          };
-#pragma unroll
-          for (int h = 0; h < MAXH; ++h)
-            if (h < H) add_term(h, wv[h], m);
-          if (a.m2 != nullptr)  // (the second term: after M in shared m)
-#pragma unroll
-            for (int h = 0; h < MAXH; ++h)
-              if (h < H)
-                add_term(h,
-                         to_float(a.w2[p * H + h]) + wl[kEdgeRowsMaxHeads + h],
-                         m + H * De);
-          store_vec<T, kVW>(a.scatter + r * De + col, g);
-        }
+            if (h < H)
+              add_term(h,
+                       to_float(a.w2[p * H + h]) + wl[kEdgeRowsMaxHeads + h],
+                       m + H * De);
+        store_vec<T, kVW>(a.scatter + r * De + col, g);
       }
     }
   }
