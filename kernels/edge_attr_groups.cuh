@@ -27,6 +27,29 @@ __host__ __device__ __forceinline__ int edge_group_lanes(int De) {
   return g <= kWarpSize ? g : 0;
 }
 
+// Sums of v[MAXH] over a group of G lanes (a power of two), transposed:
+// each step halves the values a lane keeps (lanes with bit o set keep the
+// upper half) and adds its partner's, so that lane lg ends with heads
+// lg * MAXH / G + i, i < MAXH / G (G < MAXH), else head lg / (G / MAXH)
+// in v[0] after plain butterflies over the lanes that share it.
+template <int MAXH>
+__device__ __forceinline__ void group_sums(float (&v)[MAXH], int G, int lg) {
+  int o = G >> 1;
+#pragma unroll
+  for (int n = MAXH; n > 1; n >>= 1) {
+    if (o == 0) return;  // (warp-uniform)
+    const bool upper = (lg & o) != 0;
+#pragma unroll
+    for (int i = 0; i < n / 2; ++i) {
+      const float send = upper ? v[i] : v[i + n / 2];
+      const float keep = upper ? v[i + n / 2] : v[i];
+      v[i] = keep + __shfl_xor_sync(kFullMask, send, o);
+    }
+    o >>= 1;
+  }
+  for (; o > 0; o >>= 1) v[0] += __shfl_xor_sync(kFullMask, v[0], o);
+}
+
 // SUMS: sums (and maybe scatter), no dots; else dots and / or scatter --
 // the [MAXH][kVW] accumulators and the dots' registers are never live
 // together (the host takes dots with sums to the row kernel).
@@ -67,7 +90,12 @@ __global__ void __launch_bounds__(kThreads, SUMS && MAXH > 4 ? 3 : 4)
 #pragma unroll
     for (int i = 0; i < kVW; ++i)
       mr[h][i] = dots && h < H && has_col ? m[h * De + col + i] : 0.f;
-  float dsum[MAXH];  // the row's dots (for its loop), on the group's lane 0
+  // which heads' dots this lane holds after group_sums, and whether it
+  // writes them (G > MAXH: G / MAXH lanes hold each head)
+  const int held = G < MAXH ? MAXH / G : 1;
+  const int head0 = G < MAXH ? lg * held : lg / (G / MAXH);
+  const bool writer = G <= MAXH || (lg & (G / MAXH - 1)) == 0;
+  float dsum[MAXH];  // the row's dots (for its loop), per held head
   float acc[SUMS ? MAXH : 1][kVW];
 #pragma unroll
   for (int h = 0; h < MAXH; ++h) dsum[h] = 0.f;
@@ -97,17 +125,17 @@ __global__ void __launch_bounds__(kThreads, SUMS && MAXH > 4 ? 3 : 4)
         part[h] = fmaf(mv.x, xv[0], fmaf(mv.y, xv[1],
                   fmaf(mv.z, xv[2], mv.w * xv[3])));
       }
+      // the group's sums, transposed: lane lg keeps heads head0 + i, i <
+      // held (one writer per head), in log2 G steps of ~MAXH / 2 shuffles
+      // where a butterfly per head took MAXH log2 G
+      group_sums<MAXH>(part, G, lg);
+      if (live && writer)
 #pragma unroll
-      for (int h = 0; h < MAXH; ++h) {
-        if (h >= H) break;  // (warp-uniform)
-#pragma unroll
-        for (int o = kWarpSize / 2; o > 0; o >>= 1)
-          if (o < G)  // (warp-uniform)
-            part[h] += __shfl_xor_sync(kFullMask, part[h], o);
-        if (live && lg == (h & gmask))
-          a.dots[p * H + h] = from_float<T>(part[h]);
-        if (live && lg == 0) dsum[h] += part[h];
-      }
+        for (int i = 0; i < MAXH; ++i)
+          if (i < held && head0 + i < H) {
+            a.dots[p * H + head0 + i] = from_float<T>(part[i]);
+            dsum[i] += part[i];
+          }
     }
     if (SUMS || a.scatter != nullptr) {
       float wv[MAXH];
@@ -146,7 +174,22 @@ __global__ void __launch_bounds__(kThreads, SUMS && MAXH > 4 ? 3 : 4)
     }
   }
 
-  if (dots && loop_p >= 0) write_loop_dots(a, m, s_fill, rs, dsum, lane);
+  if (dots && loop_p >= 0) {
+    if (a.fill == 3) {
+      write_loop_dots(a, m, s_fill, rs, dsum, lane);
+    } else {  // the row's dots summed over the slots, per held head
+#pragma unroll
+      for (int i = 0; i < MAXH; ++i)
+        for (int o = G; o < kWarpSize; o <<= 1)
+          dsum[i] += __shfl_xor_sync(kFullMask, dsum[i], o);
+      if (slot == 0 && writer)
+#pragma unroll
+        for (int i = 0; i < MAXH; ++i)
+          if (i < held && head0 + i < H)
+            a.dots[loop_p * H + head0 + i] =
+                from_float<T>(dsum[i] * rs.share);
+    }
+  }
 
   if constexpr (SUMS) {
     if (a.sums == nullptr) return;
