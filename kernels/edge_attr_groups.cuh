@@ -27,23 +27,18 @@ __host__ __device__ __forceinline__ int edge_group_lanes(int De) {
   return g <= kWarpSize ? g : 0;
 }
 
-// Sums of v[N] over the lanes that differ only in the lane bits o_lo ..
-// o_hi (powers of two; none if o_hi < o_lo), transposed: each step halves
-// the values a lane keeps (lanes with bit o set keep the upper half) and
-// adds its partner's. Lane l ends with held(N, B) values from
-// first(...) on (B = the number of bits): when 2^B <= N, N / 2^B of them,
-// the lane's bits c (o_hi .. o_lo read as a number) giving v[c * N / 2^B
-// ..]; else one, v[c / (2^B / N)], in v[0] after plain butterflies over
-// the lanes that share it. ~N shuffles where a butterfly per value takes
-// N * B.
-template <int N>
-__device__ __forceinline__ void transposed_sums(float (&v)[N], int o_hi,
-                                                int o_lo, int lane) {
-  int o = o_hi;
+// Sums of v[MAXH] over a group of G lanes (a power of two), transposed:
+// each step halves the values a lane keeps (lanes with bit o set keep the
+// upper half) and adds its partner's, so that lane lg ends with heads
+// lg * MAXH / G + i, i < MAXH / G (G < MAXH), else head lg / (G / MAXH)
+// in v[0] after plain butterflies over the lanes that share it.
+template <int MAXH>
+__device__ __forceinline__ void group_sums(float (&v)[MAXH], int G, int lg) {
+  int o = G >> 1;
 #pragma unroll
-  for (int n = N; n > 1; n >>= 1) {
-    if (o < o_lo) return;  // (warp-uniform)
-    const bool upper = (lane & o) != 0;
+  for (int n = MAXH; n > 1; n >>= 1) {
+    if (o == 0) return;  // (warp-uniform)
+    const bool upper = (lg & o) != 0;
 #pragma unroll
     for (int i = 0; i < n / 2; ++i) {
       const float send = upper ? v[i] : v[i + n / 2];
@@ -52,21 +47,7 @@ __device__ __forceinline__ void transposed_sums(float (&v)[N], int o_hi,
     }
     o >>= 1;
   }
-  for (; o >= o_lo; o >>= 1) v[0] += __shfl_xor_sync(kFullMask, v[0], o);
-}
-
-// What a lane holds after transposed_sums over `count` = 2^B lanes with
-// c = its bits as a number: `held` values from v index `first` of the
-// original N; `writer`: the one lane of those that share them.
-struct Held {
-  int held, first;
-  bool writer;
-};
-__device__ __forceinline__ Held held_sums(int N, int count, int c) {
-  const bool many = count <= N;
-  const int held = many ? N / count : 1;
-  const int share = many ? 1 : count / N;  // lanes per value
-  return {held, many ? c * held : c / share, (c & (share - 1)) == 0};
+  for (; o > 0; o >>= 1) v[0] += __shfl_xor_sync(kFullMask, v[0], o);
 }
 
 // SUMS: sums (and maybe scatter), no dots; else dots and / or scatter --
@@ -109,16 +90,19 @@ __global__ void __launch_bounds__(kThreads, SUMS && MAXH > 4 ? 3 : 4)
 #pragma unroll
     for (int i = 0; i < kVW; ++i)
       mr[h][i] = dots && h < H && has_col ? m[h * De + col + i] : 0.f;
-  // the heads whose dots this lane holds after their group sums
-  const Held hd = held_sums(MAXH, G, lg);
+  // which heads' dots this lane holds after group_sums, and whether it
+  // writes them (G > MAXH: G / MAXH lanes hold each head)
+  const int held = G < MAXH ? MAXH / G : 1;
+  const int head0 = G < MAXH ? lg * held : lg / (G / MAXH);
+  const bool writer = G <= MAXH || (lg & (G / MAXH - 1)) == 0;
   float dsum[MAXH];  // the row's dots (for its loop), per held head
-  // sums: acc[h * kVW + i] (head h, column col + i)
-  constexpr int kAcc = SUMS ? MAXH * kVW : 1;
-  float acc[kAcc];
+  float acc[SUMS ? MAXH : 1][kVW];
 #pragma unroll
   for (int h = 0; h < MAXH; ++h) dsum[h] = 0.f;
 #pragma unroll
-  for (int j = 0; j < kAcc; ++j) acc[j] = 0.f;
+  for (int h = 0; h < (SUMS ? MAXH : 1); ++h)
+#pragma unroll
+    for (int i = 0; i < kVW; ++i) acc[h][i] = 0.f;
 
   for (int64_t b = lo; b < hi; b += slots) {  // (warp-uniform)
     const int64_t p = b + slot;
@@ -141,13 +125,15 @@ __global__ void __launch_bounds__(kThreads, SUMS && MAXH > 4 ? 3 : 4)
         part[h] = fmaf(mv.x, xv[0], fmaf(mv.y, xv[1],
                   fmaf(mv.z, xv[2], mv.w * xv[3])));
       }
-      // the group's sums, transposed: lane lg keeps heads hd.first + i
-      transposed_sums<MAXH>(part, G >> 1, 1, lane);
-      if (live && hd.writer)
+      // the group's sums, transposed: lane lg keeps heads head0 + i, i <
+      // held (one writer per head), in log2 G steps of ~MAXH / 2 shuffles
+      // where a butterfly per head took MAXH log2 G
+      group_sums<MAXH>(part, G, lg);
+      if (live && writer)
 #pragma unroll
         for (int i = 0; i < MAXH; ++i)
-          if (i < hd.held && hd.first + i < H) {
-            a.dots[p * H + hd.first + i] = from_float<T>(part[i]);
+          if (i < held && head0 + i < H) {
+            a.dots[p * H + head0 + i] = from_float<T>(part[i]);
             dsum[i] += part[i];
           }
     }
@@ -161,7 +147,7 @@ __global__ void __launch_bounds__(kThreads, SUMS && MAXH > 4 ? 3 : 4)
         for (int h = 0; h < MAXH; ++h)
 #pragma unroll
           for (int i = 0; i < kVW; ++i)
-            acc[h * kVW + i] = fmaf(wv[h], xv[i], acc[h * kVW + i]);
+            acc[h][i] = fmaf(wv[h], xv[i], acc[h][i]);
       }
       if (a.scatter != nullptr && live && has_col) {
         // g += w'_h M_h over the heads: M's slice in shared memory
@@ -196,31 +182,32 @@ __global__ void __launch_bounds__(kThreads, SUMS && MAXH > 4 ? 3 : 4)
       for (int i = 0; i < MAXH; ++i)
         for (int o = G; o < kWarpSize; o <<= 1)
           dsum[i] += __shfl_xor_sync(kFullMask, dsum[i], o);
-      if (slot == 0 && hd.writer)
+      if (slot == 0 && writer)
 #pragma unroll
         for (int i = 0; i < MAXH; ++i)
-          if (i < hd.held && hd.first + i < H)
-            a.dots[loop_p * H + hd.first + i] =
+          if (i < held && head0 + i < H)
+            a.dots[loop_p * H + head0 + i] =
                 from_float<T>(dsum[i] * rs.share);
     }
   }
 
   if constexpr (SUMS) {
     if (a.sums == nullptr) return;
-    // over the slots, transposed: lane (lg, slot) keeps hs.held of its
-    // column group's H x kVW sums
-    transposed_sums<kAcc>(acc, kWarpSize >> 1, G, lane);
-    const Held hs = held_sums(kAcc, slots, slot);
-    if (!has_col || !hs.writer) return;
 #pragma unroll
-    for (int k = 0; k < kAcc; ++k) {
-      if (k >= hs.held) break;
-      const int j = hs.first + k, h = j / kVW, i = j % kVW;
-      if (h >= H) break;
-      float v = acc[k];
-      if (a.fill == 3 && loop_p >= 0)
-        v = fmaf(to_float(a.w[loop_p * H + h]), s_fill[col + i], v);
-      a.sums[row * H * De + h * De + col + i] = v;
+    for (int h = 0; h < MAXH; ++h) {
+      if (h >= H) break;  // (warp-uniform)
+#pragma unroll
+      for (int i = 0; i < kVW; ++i)
+        for (int o = G; o < kWarpSize; o <<= 1)
+          acc[h][i] += __shfl_xor_sync(kFullMask, acc[h][i], o);
+      if (slot != 0 || !has_col) continue;
+      if (a.fill == 3 && loop_p >= 0) {
+        const float wloop = to_float(a.w[loop_p * H + h]);
+#pragma unroll
+        for (int i = 0; i < kVW; ++i)
+          acc[h][i] = fmaf(wloop, s_fill[col + i], acc[h][i]);
+      }
+      store_vec<float, kVW>(a.sums + row * H * De + h * De + col, acc[h]);
     }
   }
 }
