@@ -44,10 +44,15 @@ else
     log "creating $VENV (torch==$TORCH_CUDA_VERSION CUDA build, ninja)"
     rm -rf "$VENV"
     "${PYTHON:-python3}" -m venv "$VENV"
-    "$VENV/bin/pip" install -qq "torch==$TORCH_CUDA_VERSION" \
+    # No pip cache: the CUDA wheels are ~3 GB and the venv ~5.4 GB, and a
+    # cached copy doubles that on a small disk.
+    "$VENV/bin/pip" install -qq --no-cache-dir "torch==$TORCH_CUDA_VERSION" \
         "ninja==$NINJA_VERSION" || true  # judged by venv_ok below
     if ! venv_ok; then
         log "FAIL: could not set up $VENV with a CUDA torch $TORCH_CUDA_VERSION"
+        log "free space where it goes (it needs ~6 GB, more while pip unpacks):"
+        df -h "$ROOT" "${TMPDIR:-/tmp}" >&2 || true
+        rm -rf "$VENV"
         exit 2
     fi
     log "venv ready after $((SECONDS - start)) s"
