@@ -5,9 +5,10 @@ import pickle
 
 import pytest
 import torch
+import torch_geometric
 import torch_geometric.transforms as T
 from torch_geometric import EdgeIndex
-from torch_geometric.data import Data, HeteroData
+from torch_geometric.data import Batch, Data, HeteroData
 from torch_geometric.loader import DataLoader
 from torch_geometric.utils import add_self_loops, remove_self_loops
 
@@ -67,16 +68,36 @@ def test_sorts_and_permutes_every_edge_attribute(as_edge_index):
     assert out.edge_index.sparse_size() == (n, n)
     assert out.edge_index.dtype == torch.int64
     assert torch.equal(out.edge_index.as_tensor(), ref.edge_index[:, perm])
-    for key in ('edge_attr', 'edge_weight', 'edge_label', 'y'):
+    for key in ('edge_attr', 'edge_weight', 'y'):
         assert torch.equal(out[key], ref[key][perm]), key
     assert out.edge_names == [ref.edge_names[i] for i in perm.tolist()]
-    for key in ('x', 'node_y', 'graph_y', 'edge_label_index'):
+    # edge_label goes with edge_label_index (link-level supervision, as in
+    # PyG's ToSparseTensor), not with the edges.
+    for key in ('x', 'node_y', 'graph_y', 'edge_label', 'edge_label_index'):
         assert torch.equal(out[key], ref[key]), key
     deg = torch.bincount(ref.edge_index[1], minlength=n)
     assert out.dfgnn_max_in_degree.dim() == 0
     assert int(out.dfgnn_max_in_degree) == int(deg.max())
     graph = DFGraph.from_edge_index(out.edge_index)
     assert graph.perm is None and graph.max_in_degree == int(deg.max())
+
+
+@pytest.mark.parametrize('add_loops', [False, True])
+def test_link_split_labels_stay_with_their_index(add_loops):
+    # RandomLinkSplit's train split (undirected) has as many labels as edges:
+    # they label edge_label_index's pairs, so they must not move.
+    gen = torch.Generator().manual_seed(3)
+    ei = torch_geometric.utils.to_undirected(
+        torch.randint(0, 30, (2, 60), generator=gen))
+    ei = ei[:, ei[0] != ei[1]]
+    torch.manual_seed(0)
+    train, _, _ = T.RandomLinkSplit(num_val=0.1, num_test=0.1,
+                                    is_undirected=True)(
+        Data(x=torch.randn(30, 4), edge_index=ei))
+    assert train.edge_label.numel() == train.num_edges
+    out = ToDFGNNFormat(add_self_loops=add_loops)(train.clone())
+    assert torch.equal(out.edge_label, train.edge_label)
+    assert torch.equal(out.edge_label_index, train.edge_label_index)
 
 
 def test_node_attr_with_as_many_rows_as_edges_is_not_permuted():
@@ -371,6 +392,38 @@ def test_dataloader_batch_equals_per_graph(add_loops):
                                _run(graphs[2], 'dot', params))
 
 
+@pytest.mark.parametrize('add_loops', [False, True])
+def test_transformed_batch_stays_separable(add_loops):
+    # The transform applied to a collated Batch (e.g. in a training loop):
+    # the whole batch runs as one graph, and to_data_list / get_example still
+    # give each graph, as the transform gives it per graph.
+    transform = ToDFGNNFormat(add_self_loops=add_loops, fill_value='mean')
+    sizes = [(7, 25), (1, 0), (12, 60), (3, 0), (20, 45), (1, 1), (5, 30)]
+    raw = [random_data(n, e, seed=30 + i) for i, (n, e) in enumerate(sizes)]
+    batch = transform(Batch.from_data_list([g.clone() for g in raw]))
+    per_graph = [transform(g.clone()) for g in raw]
+    assert batch.dfgnn_max_in_degree.tolist() == [
+        int(g.dfgnn_max_in_degree) for g in per_graph]
+    params = _params(2)
+    out = _run(batch, 'dot', params)
+    for i, (got, want) in enumerate(zip(batch.to_data_list(), per_graph)):
+        assert got.num_nodes == want.num_nodes
+        assert torch.equal(got.edge_index.as_tensor(),
+                           want.edge_index.as_tensor())
+        assert got.edge_index.sparse_size() == want.edge_index.sparse_size()
+        assert got.edge_index.sort_order == 'col'
+        assert torch.equal(got.edge_attr, want.edge_attr)
+        assert int(got.dfgnn_max_in_degree) == int(want.dfgnn_max_in_degree)
+        lo, hi = int(batch.ptr[i]), int(batch.ptr[i + 1])
+        torch.testing.assert_close(out[lo:hi], _run(got, 'dot', params),
+                                   rtol=1e-12, atol=1e-12)
+    # ... and batching the separated graphs again gives the same batch.
+    again = Batch.from_data_list(batch.to_data_list())
+    assert torch.equal(again.edge_index.as_tensor(),
+                       batch.edge_index.as_tensor())
+    assert torch.equal(again.edge_attr, batch.edge_attr)
+
+
 def _params(seed=0):
     gen = torch.Generator().manual_seed(seed)
     f64 = dict(generator=gen, dtype=torch.float64)
@@ -419,6 +472,43 @@ def test_reapplying_is_idempotent():
                        once.edge_index.as_tensor())
     assert torch.equal(twice.edge_attr, once.edge_attr)
     assert twice.edge_index is not once.edge_index
+
+
+@pytest.mark.parametrize('layout', ['coo', 'csr'])
+def test_sparse_adj_t_with_feature_values(layout):
+    # torch.sparse adj_t whose values are edge feature rows ([N, N, D]: the
+    # convs take them as edge_attr): N is the sparse part of the shape.
+    base = random_data(10, 30, seed=8)
+    ref_ei, ref_attr = _coalesced_ref_rows(base, 'mean')
+    adj_t = torch_geometric.utils.to_torch_coo_tensor(
+        base.edge_index.flip(0), base.edge_attr, size=(10, 10))
+    if layout == 'csr':
+        adj_t = adj_t.to_sparse_csr()
+    out = ToDFGNNFormat()(Data(x=base.x, adj_t=adj_t))
+    assert out.adj_t is adj_t
+    out = ToDFGNNFormat(add_self_loops=True)(Data(x=base.x, adj_t=adj_t))
+    assert out.adj_t.shape == (10, 10, 3)
+    coo = out.adj_t.to_sparse_coo().coalesce()
+    assert torch.equal(coo.indices().flip(0), ref_ei)
+    torch.testing.assert_close(coo.values(), ref_attr)
+    with pytest.raises(ValueError, match='3 sparse dimensions'):
+        ToDFGNNFormat()(Data(adj_t=torch.zeros(2, 2, 2).to_sparse()))
+
+
+def _coalesced_ref_rows(data, fill_value):
+    """``data``'s edges merged (summing their feature rows, as a sparse
+    tensor does), GAT's self-loops added, sorted by (dst, src)."""
+    n = data.num_nodes
+    key, inv = torch.unique(data.edge_index[1] * n + data.edge_index[0],
+                            return_inverse=True)
+    rows = torch.zeros(key.numel(), data.edge_attr.size(1),
+                       dtype=data.edge_attr.dtype).index_add_(
+                           0, inv, data.edge_attr)
+    ei = torch.stack([key % n, key // n])
+    ei, rows = remove_self_loops(ei, rows)
+    ei, rows = add_self_loops(ei, rows, fill_value=fill_value, num_nodes=n)
+    perm = torch.sort(ei[1] * n + ei[0])[1]
+    return ei[:, perm], rows[perm]
 
 
 def test_uncoalesced_coo_adj_t_is_coalesced():

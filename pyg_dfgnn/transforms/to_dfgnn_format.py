@@ -5,7 +5,8 @@ import torch
 from torch import Tensor
 
 from torch_geometric import EdgeIndex
-from torch_geometric.data import Data, HeteroData
+from torch_geometric.edge_index import CatMetadata
+from torch_geometric.data import Batch, Data, HeteroData
 from torch_geometric.transforms import BaseTransform
 from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import add_self_loops, remove_self_loops
@@ -81,8 +82,24 @@ class ToDFGNNFormat(BaseTransform):
         Edge-level attributes are recognised as PyG does: tensors with
         :obj:`num_edges` entries along their concatenation dimension, where
         :obj:`num_edges == num_nodes` is only resolved by an :obj:`"edge"` in
-        the name. Index-like keys (containing :obj:`"index"`, such as
-        :obj:`edge_label_index`) are never permuted.
+        the name. Index-like keys (containing :obj:`"index"`) and link-level
+        supervision (:obj:`edge_label*`, e.g. from
+        :class:`~torch_geometric.transforms.RandomLinkSplit`: it belongs to
+        :obj:`edge_label_index`, not to the edges) are never permuted, as in
+        :class:`~torch_geometric.transforms.ToSparseTensor`.
+
+    .. note::
+
+        Self-loop attributes are filled once, from the edges the graph has
+        when the transform runs (as :class:`~torch_geometric.transforms.\
+AddSelfLoops` would): a subgraph taken afterwards keeps them. Apply
+        :obj:`ToDFGNNFormat` last, after transforms that change the edges
+        (PyG 2.8's :func:`~torch_geometric.utils.coalesce` fails on a
+        column-sorted :class:`~torch_geometric.EdgeIndex`, so e.g.
+        :class:`~torch_geometric.transforms.ToSparseTensor` and
+        :class:`~torch_geometric.transforms.RemoveDuplicatedEdges` cannot
+        come after it). A :class:`~torch_geometric.data.Batch` stays
+        separable: its per-graph slices are updated.
     """
     def __init__(
         self,
@@ -115,13 +132,14 @@ class ToDFGNNFormat(BaseTransform):
             raise ValueError("'data' has no graph: ToDFGNNFormat needs "
                              "'edge_index' or 'adj_t'")
         if has_edge_index:
-            self._format_edge_index(data)
+            dst, n = self._format_edge_index(data)
         else:
-            self._format_adj_t(data)
+            dst, n = self._format_adj_t(data)
+        _store_stats(data, dst, n)
         return data
 
     # ------------------------------------------------------------ edge_index
-    def _format_edge_index(self, data: Data) -> None:
+    def _format_edge_index(self, data: Data) -> Tuple[Tensor, int]:
         num_nodes = data.num_nodes
         size = None if num_nodes is None else (num_nodes, num_nodes)
         edge_index, (n, _) = to_edge_index(data.edge_index, size,
@@ -151,10 +169,17 @@ class ToDFGNNFormat(BaseTransform):
         out = EdgeIndex(edge_index, sparse_size=(n, n), sort_order='col')
         mark_fresh(out)
         data.edge_index = out
-        _store_stats(data, edge_index[1], n)
+        if _batch_slices(data) is not None:  # keep it separable
+            sizes = _graph_sizes(data)
+            out._cat_metadata = CatMetadata(
+                nnz=_edges_per_graph(data, edge_index[1]).tolist(),
+                sparse_size=[(int(end), int(end)) for end in sizes[1:]],
+                sort_order=[out._sort_order] * (sizes.numel() - 1),
+                is_undirected=[False] * (sizes.numel() - 1))
+        return edge_index[1], n
 
     # ----------------------------------------------------------------- adj_t
-    def _format_adj_t(self, data: Data) -> None:
+    def _format_adj_t(self, data: Data) -> Tuple[Tensor, int]:
         adj = data.adj_t
         if isinstance(adj, SparseTensor) and not isinstance(adj, Tensor):
             dst, src, value = adj.coo()
@@ -165,8 +190,9 @@ class ToDFGNNFormat(BaseTransform):
             src = adj.col_indices().to(torch.int64)
             dst = torch.repeat_interleave(
                 torch.arange(adj.size(0), device=adj.device), crow.diff())
-            value, size, kind = adj.values(), tuple(adj.shape), 'csr'
+            value, size, kind = adj.values(), _sparse_size(adj), 'csr'
         elif isinstance(adj, Tensor) and adj.layout == torch.sparse_coo:
+            size = _sparse_size(adj)
             if not adj.is_coalesced():  # Sorted by destination from now on.
                 if _edge_attr_keys(data):
                     raise ValueError(
@@ -176,7 +202,7 @@ class ToDFGNNFormat(BaseTransform):
                 adj = adj.coalesce()
                 data.adj_t = adj
             dst, src = adj.indices()
-            value, size, kind = adj.values(), tuple(adj.shape), 'coo'
+            value, kind = adj.values(), 'coo'
         else:
             got = type(adj).__name__
             if isinstance(adj, Tensor):
@@ -227,7 +253,7 @@ class ToDFGNNFormat(BaseTransform):
                     torch.stack([dst, src], 0), value,
                     (n, n) + tuple(value.shape[1:]), is_coalesced=True)
             data.adj_t = adj
-        _store_stats(data, dst, n)
+        return dst, n
 
     # ------------------------------------------------------------ self-loops
     def _self_loops(
@@ -283,8 +309,41 @@ def _edge_attr_keys(data: Data) -> List[str]:
     return [
         key for key in data.keys()
         if key not in ('edge_index', 'adj_t', 'adj') and 'index' not in key
-        and key != MAX_IN_DEGREE_KEY and data.is_edge_attr(key)
+        and not key.startswith('edge_label') and key != MAX_IN_DEGREE_KEY
+        and data.is_edge_attr(key)
     ]
+
+
+def _sparse_size(adj: Tensor) -> Tuple[int, ...]:
+    """A torch.sparse adjacency's ``[N, N]`` (dense dims are features)."""
+    if adj.sparse_dim() != 2:
+        raise ValueError(f"'adj_t' must be a square [N, N] adjacency (got "
+                         f"{adj.sparse_dim()} sparse dimensions, shape "
+                         f"{list(adj.shape)})")
+    return tuple(adj.shape[:2])
+
+
+def _batch_slices(data: Data) -> Optional[Dict[str, Tensor]]:
+    """The slices a :class:`Batch` is separated by (``None`` for a graph or
+    a batch that was not collated)."""
+    slices = getattr(data, '_slice_dict', None)
+    if not isinstance(data, Batch) or not slices or \
+            data.get('ptr', None) is None:
+        return None
+    return slices
+
+
+def _graph_sizes(data: Data) -> Tensor:
+    """A batch's node offsets ``[num_graphs + 1]``."""
+    return data.ptr.cpu().to(torch.int64)
+
+
+def _edges_per_graph(data: Data, dst: Tensor) -> Tensor:
+    sizes = _graph_sizes(data)
+    num_graphs = sizes.numel() - 1
+    graph = torch.bucketize(dst.cpu().to(torch.int64), sizes[1:],
+                            right=True)
+    return torch.bincount(graph, minlength=num_graphs)
 
 
 def _permute(value: Any, perm: Tensor, dim: int) -> Any:
@@ -302,5 +361,26 @@ def _store_stats(data: Data, dst: Tensor, num_nodes: int) -> None:
     # num_edges changed or edges moved: forget PyG's attribute-kind cache.
     data._store.__dict__.pop('_cached_attr', None)
     in_degree = torch.bincount(dst.to(torch.int64), minlength=num_nodes)
-    max_in_degree = int(in_degree.max()) if in_degree.numel() else 0
-    data[MAX_IN_DEGREE_KEY] = torch.tensor(max_in_degree, dtype=torch.int64)
+    slices = _batch_slices(data)
+    if slices is None:
+        max_in_degree = int(in_degree.max()) if in_degree.numel() else 0
+        data[MAX_IN_DEGREE_KEY] = torch.tensor(max_in_degree,
+                                               dtype=torch.int64)
+        return
+    # A batch: per graph, as collation gives it, and the edge-level slices
+    # updated (self-loops change each graph's edge count; the sort by
+    # destination keeps each graph's edges contiguous, in graph order).
+    sizes = _graph_sizes(data)
+    num_graphs = sizes.numel() - 1
+    graph = torch.repeat_interleave(torch.arange(num_graphs), sizes.diff())
+    max_in_degree = torch.zeros(num_graphs, dtype=torch.int64).scatter_reduce(
+        0, graph, in_degree.cpu(), 'amax')
+    data[MAX_IN_DEGREE_KEY] = max_in_degree
+    slices[MAX_IN_DEGREE_KEY] = torch.arange(num_graphs + 1)
+    data._inc_dict[MAX_IN_DEGREE_KEY] = torch.zeros(num_graphs,
+                                                    dtype=torch.int64)
+    edge_slices = torch.cat([torch.zeros(1, dtype=torch.int64),
+                             _edges_per_graph(data, dst).cumsum(0)])
+    for key in ['edge_index', *_edge_attr_keys(data)]:
+        if key in slices and key in data:
+            slices[key] = edge_slices
