@@ -118,17 +118,22 @@ def _ptr(index: Tensor, size: int) -> Tensor:
                                                   out_int32=False)
 
 
+class NodeIndexError(ValueError, IndexError):
+    """An edge's node index out of range: a ``ValueError`` (bad input) that
+    is also the ``IndexError`` PyG's convs raise for it."""
+
+
 def _check_index(name: str, index: Tensor, bound: int, what: str) -> None:
     if index.numel() == 0:
         return
     lo, hi = torch.aminmax(index)
     lo, hi = int(lo), int(hi)
     if lo < 0:
-        raise ValueError(f"'{name}' contains negative {what} indices "
-                         f"(found {lo})")
+        raise NodeIndexError(f"'{name}' contains negative {what} indices "
+                             f"(found {lo})")
     if hi >= bound:
-        raise ValueError(f"'{name}' contains {what} index {hi}, out of range "
-                         f"for {bound} {what} nodes")
+        raise NodeIndexError(f"'{name}' contains {what} index {hi}, out of "
+                             f"range for {bound} {what} nodes")
 
 
 def _check_same_size(name: str, what: str, sizes: Tuple[int, int],

@@ -149,6 +149,20 @@ def test_fill_value(name, fill_value):
 
 
 @pytest.mark.parametrize('name', ['gat', 'gatv2'])
+@pytest.mark.parametrize('fill_value', ['mean', 'add'])
+def test_fill_value_in_double_precision(name, fill_value):
+    # The loops' mean is formed in the edge features' dtype (1 / in-degree
+    # is not rounded to fp32 first): float64 agrees to rounding level.
+    pyg, df = make_pair(name, F_IN, C, heads=2, edge_dim=3,
+                        fill_value=fill_value)
+    pyg.double(), df.double()
+    ei = random_graph(N, N, 40, 6)
+    leaves = dict(x=_features(N, F_IN, 1).double(), ei=ei,
+                  ea=_features(40, 3, 2).double())
+    run_both(pyg, df, leaves, _call(ea='ea'), atol=1e-13, rtol=1e-12)
+
+
+@pytest.mark.parametrize('name', ['gat', 'gatv2'])
 def test_one_dim_edge_attr(name):
     pyg, df = make_pair(name, F_IN, C, heads=2, edge_dim=1)
     leaves = dict(x=_features(N, F_IN, 1), ei=random_graph(N, N, 12, 1),
@@ -453,6 +467,32 @@ def test_lazy_in_channels():
         run_both(pyg.eval(), df.eval(), dict(x=x, ei=ei), _call())
 
 
+@pytest.mark.parametrize('name', ['gat', 'gatv2', 'transformer'])
+@pytest.mark.parametrize('in_channels,bipartite', [
+    (-1, False), (-1, True), ((-1, -1), True), ((F_IN, -1), True)])
+@pytest.mark.parametrize('edge_dim', [None, -1])
+def test_lazy_layers_draw_pyg_weights(name, in_channels, bipartite,
+                                      edge_dim):
+    # Lazy layers take their initial weights from the global generator when
+    # they first see an input: a seeded model must get PyG's weights, so
+    # they are materialised in the order PyG's conv calls them.
+    x = _features(N, F_IN, 1)
+    x = (x, _features(N - 2, F_IN, 3)) if bipartite else x
+    ei = random_graph(N, N - 2 if bipartite else N, 12, 1)
+    extra = [_features(12, 3, 2)] if edge_dim else []
+    kwargs = dict(heads=2, edge_dim=edge_dim)
+    kwargs.update({} if name == 'transformer' else dict(residual=True))
+    states = []
+    for cls in PAIRS[name]:
+        torch.manual_seed(5)
+        conv = cls(in_channels, C, **kwargs).eval()
+        conv(x, ei, *extra)
+        states.append(conv.state_dict())
+    assert list(states[0]) == list(states[1])
+    for key, want in states[0].items():
+        assert torch.equal(states[1][key], want), key
+
+
 def test_lazy_edge_dim():
     x, ei = _features(N, F_IN, 1), random_graph(N, N, 12, 1)
     ea = _features(12, 3, 2)
@@ -503,6 +543,23 @@ def test_dropout_training(name):
     pyg, df = make_pair(name, F_IN, C, heads=2)
     pyg.train(), df.train()
     run_both(pyg, df, dict(x=x, ei=ei), _call())
+
+
+@pytest.mark.parametrize('name', ['gat', 'gatv2', 'transformer'])
+@pytest.mark.parametrize('edge_dim', [None, 2])
+def test_dropout_one_drops_every_weight(name, edge_dim):
+    # p = 1 is PyG's too (F.dropout): no attention reaches the output, which
+    # is then the bias / skip terms alone, in training mode only.
+    pyg, df = make_pair(name, F_IN, C, heads=2, dropout=1.0,
+                        edge_dim=edge_dim)
+    x, ei = _features(N, F_IN, 1), random_graph(N, N, 30, 1)
+    leaves = dict(x=x, ei=ei)
+    if edge_dim:
+        leaves['ea'] = _features(30, edge_dim, 2)
+    call = _call(ea='ea' if edge_dim else None)
+    run_both(pyg, df, leaves, call)  # eval: no dropout
+    pyg.train(), df.train()
+    run_both(pyg, df, leaves, call)
 
 
 # ---------------------------------------------------------------- inference
@@ -610,6 +667,48 @@ def test_bad_input(case):
     error, match, fn = _bad_calls()[case]
     with pytest.raises(error, match=match):
         fn()
+
+
+@pytest.mark.parametrize('name', ['gat', 'gatv2', 'transformer', 'agnn'])
+def test_message_passing_stages_are_refused_not_skipped(name):
+    # The fused forward never runs propagate / message / aggregate: their
+    # hooks, overrides and TorchScript's generated propagate fail clearly.
+    args = () if name == 'agnn' else (F_IN, C)
+    df_cls = PAIRS[name][1]
+    conv = df_cls(*args)
+    for stage in ('propagate', 'message', 'aggregate',
+                  'message_and_aggregate', 'edge_update'):
+        for kind in ('pre_hook', 'hook'):
+            register = getattr(conv, f'register_{stage}_forward_{kind}')
+            with pytest.raises(NotImplementedError, match=f"instead of "
+                               f"'{stage}'"):
+                register(lambda *a: None)
+    calls = []
+    conv.register_forward_hook(lambda *a: calls.append(1))  # a module hook
+    conv(_features(N, F_IN, 1), random_graph(N, N, 12, 1))
+    assert calls == [1]
+    with pytest.raises(TypeError, match=r"overrides \['message'\]"):
+        type('Custom', (df_cls, ), {'message': lambda self, x_j: x_j})
+    with pytest.raises(NotImplementedError, match='TorchScript'):
+        torch.jit.script(conv)
+    with pytest.raises(NotImplementedError, match='TorchScript'):
+        torch.jit.script(torch.nn.Sequential(conv))
+
+
+@pytest.mark.parametrize('name', ['gat', 'gatv2', 'transformer', 'agnn'])
+def test_torch_func_transforms_are_refused(name):
+    from torch.func import functional_call, grad, vmap
+    args = () if name == 'agnn' else (F_IN, C)
+    conv = PAIRS[name][1](*args)
+    x, ei = _features(N, F_IN, 1), random_graph(N, N, 12, 1)
+    params = dict(conv.named_parameters())
+    with pytest.raises(NotImplementedError, match='torch.func'):
+        grad(lambda p: functional_call(conv, p, (x, ei)).sum())(params)
+    with pytest.raises(NotImplementedError, match='torch.func'):
+        vmap(lambda x: conv(x, ei))(x.unsqueeze(0))
+    # functional_call alone (no transform) runs
+    torch.testing.assert_close(functional_call(conv, params, (x, ei)),
+                               conv(x, ei))
 
 
 def test_bipartite_str_fill_value_with_out_of_range_destinations():

@@ -241,7 +241,8 @@ def _base(kind='dot'):
     ('dot', {'edge_value': torch.zeros(12, 2, 4)}, TypeError,
      "'edge_value' has dtype torch.float32"),
     ('dot', {'kind': 'mul'}, ValueError, "'kind' must be one of"),
-    ('dot', {'dropout': 1.0}, ValueError, "'dropout' must be in"),
+    ('dot', {'dropout': 1.5}, ValueError, r"'dropout' must be in \[0, 1\]"),
+    ('dot', {'dropout': -0.1}, ValueError, "'dropout' must be in"),
     ('dot', {'graph': torch.tensor([[0], [0]])}, TypeError,
      "'graph' must be a DFGraph"),
 ])

@@ -199,8 +199,8 @@ def fused_attention(
     """
     check_inputs(graph, kind, value, query, key, att, edge_score, edge_key,
                  edge_value)
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"'dropout' must be in [0, 1) (got {dropout})")
+    if not 0.0 <= dropout <= 1.0:
+        raise ValueError(f"'dropout' must be in [0, 1] (got {dropout})")
     drop = dropout if training else 0.0
     if attention_perm is not None and (
             not isinstance(attention_perm, Tensor)
@@ -208,7 +208,9 @@ def fused_attention(
             or attention_perm.device != value.device):
         raise ValueError(f"'attention_perm' must be a permutation of the "
                          f"{graph.num_edges} edges on {value.device}")
-    if value.is_cuda and _cuda.available():
+    # (dropout 1 drops every weight: the kernels' 1 / (1 - p) has no value
+    # there, the reference's F.dropout gives the zeros)
+    if value.is_cuda and _cuda.available() and drop < 1.0:
         attention = None
         if return_attention:
             attention = ('after_dropout' if attention_after_dropout else

@@ -4,8 +4,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import Parameter
-from torch_geometric.nn.conv import MessagePassing
 
+from pyg_dfgnn.nn.conv.fused_message_passing import FusedMessagePassing
 from pyg_dfgnn.nn.conv.utils import (
     cast,
     check_message_passing_config,
@@ -18,7 +18,7 @@ from pyg_dfgnn.nn.conv.utils import (
 from pyg_dfgnn.ops import fused_attention
 
 
-class DFAGNNConv(MessagePassing):
+class DFAGNNConv(FusedMessagePassing):
     r"""The graph attentional propagation layer from the
     `"Attention-based Graph Neural Network for Semi-Supervised Learning"
     <https://arxiv.org/abs/1803.03735>`_ paper, as one fused DF-GNN kernel

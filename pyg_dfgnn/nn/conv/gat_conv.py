@@ -3,13 +3,13 @@ from typing import Any, Optional, Tuple, Union
 import torch
 from torch import Tensor
 from torch.nn import Parameter
-from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.nn.dense.linear import (
     Linear,
     is_uninitialized_parameter,
 )
 from torch_geometric.nn.inits import glorot, zeros
 
+from pyg_dfgnn.nn.conv.fused_message_passing import FusedMessagePassing
 from pyg_dfgnn.nn.conv.linear_ops import add_bias, gpu_bound
 from pyg_dfgnn.nn.conv.node_ops import node_score_pair, node_scores
 from pyg_dfgnn.nn.conv.utils import (
@@ -28,7 +28,7 @@ from pyg_dfgnn.ops import fused_attention
 from pyg_dfgnn.ops.edge_attr import edge_attr_dots, supported
 
 
-class DFGATConv(MessagePassing):
+class DFGATConv(FusedMessagePassing):
     r"""The graph attentional operator from the `"Graph Attention Networks"
     <https://arxiv.org/abs/1710.10903>`_ paper, as one fused DF-GNN kernel
     (edge scores, edge softmax and aggregation in a single pass over the

@@ -3,13 +3,13 @@ from typing import Any, Optional, Tuple, Union
 import torch
 from torch import Tensor
 from torch.nn import Parameter
-from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.nn.dense.linear import (
     Linear,
     is_uninitialized_parameter,
 )
 from torch_geometric.nn.inits import glorot, zeros
 
+from pyg_dfgnn.nn.conv.fused_message_passing import FusedMessagePassing
 from pyg_dfgnn.nn.conv.linear_ops import add_bias, gpu_bound, linears
 from pyg_dfgnn.nn.conv.utils import (
     adjacency_edge_attr,
@@ -27,7 +27,7 @@ from pyg_dfgnn.ops import fused_attention
 from pyg_dfgnn.ops.edge_attr import edge_attr_project, project_supported
 
 
-class DFGATv2Conv(MessagePassing):
+class DFGATv2Conv(FusedMessagePassing):
     r"""The GATv2 operator from the `"How Attentive are Graph Attention
     Networks?" <https://arxiv.org/abs/2105.14491>`_ paper, as one fused
     DF-GNN kernel (edge scores, edge softmax and aggregation in a single pass

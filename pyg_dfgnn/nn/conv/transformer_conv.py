@@ -3,12 +3,12 @@ from typing import Any, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
-from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.nn.dense.linear import (
     Linear,
     is_uninitialized_parameter,
 )
 
+from pyg_dfgnn.nn.conv.fused_message_passing import FusedMessagePassing
 from pyg_dfgnn.nn.conv.linear_ops import linears
 from pyg_dfgnn.nn.conv.utils import (
     adjacency_edge_attr,
@@ -32,7 +32,7 @@ from pyg_dfgnn.ops.edge_attr import (
 )
 
 
-class DFTransformerConv(MessagePassing):
+class DFTransformerConv(FusedMessagePassing):
     r"""The graph transformer operator from the `"Masked Label Prediction:
     Unified Message Passing Model for Semi-Supervised Classification"
     <https://arxiv.org/abs/2009.03509>`_ paper, as one fused DF-GNN kernel
@@ -203,6 +203,17 @@ class DFTransformerConv(MessagePassing):
         num_src, num_dst = resolve_sizes(edge_index, None, x[0].size(0),
                                          x[1].size(0))
         structure = resolve_graph(edge_index, num_src, num_dst, x[0].device)
+
+        if self.has_lazy_parameters():
+            lazy_edge_attr = edge_attr if edge_attr is not None or \
+                self.lin_edge is None else adjacency_edge_attr(edge_index)
+            if isinstance(lazy_edge_attr, Tensor) and \
+                    lazy_edge_attr.dim() == 1:
+                lazy_edge_attr = lazy_edge_attr.view(-1, 1)
+            self.materialize_lazy(
+                (self.lin_query, x[1]), (self.lin_key, x[0]),
+                (self.lin_value, x[0]), (self.lin_edge, lazy_edge_attr),
+                (self.lin_skip if self.root_weight else None, x[1]))
 
         # The projections of one input in one backward node where that pays
         # (linear_ops)

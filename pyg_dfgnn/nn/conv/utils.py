@@ -16,7 +16,9 @@ size-bounded cache shared by all conv instances:
   tensor) and the configuration (node counts, self-loops);
 * validated on every hit by the adjacency's fingerprint (storage pointer,
   shape, device and ``_version``), so an ``edge_index`` modified in place is
-  rebuilt, never served stale. The check reads no tensor data: no host sync;
+  rebuilt, never served stale. The check reads no tensor data: no host sync
+  (writes that bypass the version counter -- ``.data``, a shared NumPy
+  array, DLPack -- are not seen: :func:`clear_graph_cache` after them);
 * tensors created in inference mode have no version counter: they are never
   cached (built on every call, from a normal-mode copy);
 * everything cached is made outside inference mode, so a graph first seen
@@ -284,22 +286,24 @@ class EdgeStructure:
             # each way. PyTorch's row gathers -- index_select over the
             # kept edges, scatter_add's backward -- took 2.7 ms each for a
             # [4.5M, 16] edge_attr on an H100 (scripts/profile_features.py).
-            a, a_t = self._fill_matrix(adj, fill_value)
+            a, a_t = self._fill_matrix(adj, fill_value, edge_attr.dtype)
             return _SpMM.apply(edge_attr, a, a_t)
         kept_attr = edge_attr if keep.numel() == edge_attr.size(0) else \
             edge_attr.index_select(0, keep)  # (no input self-loops: all)
         return scatter(kept_attr, kept_dst, 0, self.loops, reduce=fill_value)
 
     @torch.compiler.disable
-    def _fill_matrix(self, adj: Any,
-                     fill_value: str) -> Tuple[Tensor, Tensor]:
+    def _fill_matrix(self, adj: Any, fill_value: str,
+                     dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
         """[loops, E_in] CSR: 1 / in-degree ('mean') or 1 ('add') at each
         kept edge into a node, so that ``A @ edge_attr`` is the loops'
         fill, and its transpose (for the backward; PyTorch would convert
         ``A`` on every call: 1.3 ms of a 2.1 ms backward at 4.5M edges);
-        built once per structure and reduction."""
+        built once per structure, reduction and dtype (1 / in-degree
+        rounded once, to ``dtype``)."""
         maps = self._maps
-        key = 'fill-' + ('mean' if fill_value == 'mean' else 'add')
+        key = 'fill-' + ('mean' if fill_value == 'mean' else 'add') + \
+            str(dtype)
         if key not in maps:
             keep = self._keep_index(adj)
             kept_dst, _ = self._kept_destinations(adj)
@@ -308,9 +312,11 @@ class EdgeStructure:
                 cols = keep.index_select(0, order)
                 count = torch.bincount(dst, minlength=self.loops)
                 ptr = torch.cat([count.new_zeros(1), count.cumsum(0)])
-                val = torch.ones(cols.numel(), device=cols.device)
-                if key == 'fill-mean':
+                val = torch.ones(cols.numel(), dtype=torch.float64,
+                                 device=cols.device)
+                if fill_value == 'mean':
                     val = val / count.clamp(min=1).index_select(0, dst)
+                val = val.to(dtype)
                 # transpose: one entry per kept edge, by input edge id
                 by_edge = torch.argsort(cols)
                 ptr_t = torch.zeros(self.num_input_edges + 1,
@@ -326,7 +332,7 @@ class EdgeStructure:
                         val.index_select(0, by_edge),
                         (self.num_input_edges, self.loops))
             maps[key] = (a, a_t)
-        return maps[key]  # float32; _SpMM casts
+        return maps[key]
 
     def _check_fill_in_range(self, adj: Any, fill_value: str) -> None:
         """An aggregating fill needs every kept edge to point to a node
@@ -789,9 +795,20 @@ def check_message_passing_config(conv: Any) -> None:
 
 
 def check_not_explaining(conv: Any) -> None:
+    """What the fused forward cannot run under, refused before it starts:
+    PyG's explainer (edge masks inside ``propagate``) and ``torch.func``
+    transforms (the graph cache and the op's autograd functions are not
+    functorch-aware)."""
     if getattr(conv, '_explain', None):
         raise NotImplementedError(
             f"'{conv.__class__.__name__}' runs a fused kernel instead of "
             f"'propagate', so explainer edge masks cannot be applied; use "
             f"the torch_geometric conv for explanations")
+    if not torch.compiler.is_compiling() and \
+            torch._C._functorch.peek_interpreter_stack() is not None:
+        raise NotImplementedError(
+            f"'{conv.__class__.__name__}' does not support torch.func "
+            f"transforms (grad, vmap, jacrev, ...); use torch.autograd "
+            f"(loss.backward(), torch.autograd.grad) or the "
+            f"torch_geometric conv")
 
