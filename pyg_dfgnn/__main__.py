@@ -48,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    from pyg_dfgnn.datasets.sbm import DatasetError
     from pyg_dfgnn.train.config import ConfigError, dump_config, load_config
 
     args = _parser().parse_args(argv)
@@ -73,7 +74,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             from pyg_dfgnn.train import distributed
             distributed.shutdown()
         return 0
-    except (ConfigError, FileNotFoundError) as e:
+    except (ConfigError, OSError, DatasetError) as e:  # (unusable paths)
         print(f'pyg-dfgnn: error: {e}', file=sys.stderr)
         return 2
     except KeyboardInterrupt:

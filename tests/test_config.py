@@ -67,6 +67,18 @@ def test_unknown_key_is_named(tmp_path, text, key):
         load_config(write(tmp_path, text))
 
 
+def test_config_file_problems_are_config_errors(tmp_path):
+    path = tmp_path / 'utf16.yaml'
+    path.write_text('gt:\n  layers: 2\n', encoding='utf-16')
+    with pytest.raises(ConfigError, match='not UTF-8 text'):
+        load_config(str(path))
+    with pytest.raises(ConfigError, match='is a directory'):
+        load_config(str(tmp_path))
+    # an empty name override keeps the config file's stem
+    assert load_config(write(tmp_path, 'seed: 1\n', 'mine.yaml'),
+                       ['name=']).name == 'mine'
+
+
 def test_unknown_key_suggests_the_close_one(tmp_path):
     with pytest.raises(ConfigError, match="did you mean 'gt.n_heads'"):
         load_config(write(tmp_path, 'gt:\n  n_head: 4\n'))
@@ -105,6 +117,11 @@ def test_unknown_key_suggests_the_close_one(tmp_path):
      "'dataset.edge_encoder_num_types' must be >= 1"),
     ('dataset.sbm_edge_attr=random', "'dataset.sbm_edge_attr' must be one of"),
     ('gt.attn_impl=flash', "'gt.attn_impl' must be one of"),
+    ('dataset.format=PyG-Foo', r"must be 'SBM' or one of \['PyG-GNNBench"),
+    ('optim.base_lr=.nan', "'optim.base_lr' must be a finite number"),
+    ('optim.base_lr=.inf', "'optim.base_lr' must be a finite number"),
+    ('name=../elsewhere', "'name' must be a folder name"),
+    ('name=a/b', "'name' must be a folder name"),
 ])
 def test_bad_values_name_the_key(override, match):
     with pytest.raises(ConfigError, match=match):

@@ -206,6 +206,52 @@ def test_pyg_dataset_loads_local_processed_files(tmp_path):
     assert np.array_equal(ds[0].y.numpy(), graphs['val'][0].y.numpy())
 
 
+def test_pyg_dataset_processed_per_pre_transform(tmp_path):
+    """Processed files are kept per pre-transform variant (PyG only warns
+    when a cache was built with other ones, then uses it): a variant reads
+    its own folder, never another's."""
+    import os
+    from torch_geometric.data import InMemoryDataset
+    graphs = generate_sbm_splits('PATTERN', size=3, seed=0)
+    base = tmp_path / 'GNNBenchmarkDataset' / 'PATTERN' / 'processed'
+    os.makedirs(base / 'dfloops')
+    for split in ('train', 'val', 'test'):
+        InMemoryDataset.save(graphs[split], str(base / 'dfloops' /
+                                                f'{split}_data.pt'))
+    ds = load_pyg_dataset('GNNBenchmarkDataset', 'PATTERN', str(tmp_path),
+                          'val', variant='dfloops')
+    assert ds.processed_dir == str(base / 'dfloops') and len(ds) == 1
+    with pytest.raises(FileNotFoundError, match='never downloads'):
+        load_pyg_dataset('GNNBenchmarkDataset', 'PATTERN', str(tmp_path),
+                         'val', variant='df')
+
+
+def test_graph_level_pyg_dataset_is_refused(tmp_path, monkeypatch):
+    # ZINC / MNIST have one target per graph; the runner's head is per node.
+    import pyg_dfgnn.datasets as datasets
+    from torch_geometric.data import Data
+    from pyg_dfgnn.train.config import ConfigError
+    graph = Data(x=torch.zeros(5, 1, dtype=torch.long),
+                 edge_index=torch.tensor([[0, 1], [1, 0]]),
+                 y=torch.tensor([0.5]))
+    monkeypatch.setattr(datasets, 'load_pyg_dataset',
+                        lambda *a, **k: [graph, graph])
+    cfg = load_config(overrides=['dataset.format=PyG-ZINC',
+                                 'dataset.name=subset',
+                                 f'dataset.dir={tmp_path}'])
+    with pytest.raises(ConfigError, match='graph-level targets'):
+        build_datasets(cfg)
+
+
+def test_damaged_generated_split_names_the_fix(tmp_path):
+    from pyg_dfgnn.datasets.sbm import DatasetError
+    ds = SBMDataset(str(tmp_path), 'PATTERN', 'val', size=3, seed=0)
+    with open(ds.processed_paths[1], 'r+b') as f:
+        f.truncate(100)
+    with pytest.raises(DatasetError, match='damaged.*delete'):
+        SBMDataset(str(tmp_path), 'PATTERN', 'val', size=3, seed=0)
+
+
 def test_rwse_return_probabilities():
     from torch_geometric.data import Data
     # triangle: P^1_ii = 0, P^2_ii = 1/2, P^3_ii = 1/4

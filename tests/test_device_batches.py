@@ -3,6 +3,7 @@ formats against DFGraph.from_edge_index, padding, and a CPU stand-in for
 the GPU sync check: no host read of a device value in a training step."""
 import pytest
 import torch
+from torch.utils.data import RandomSampler
 from torch_geometric.data import Batch
 from torch_geometric.loader import DataLoader
 
@@ -76,8 +77,8 @@ def test_device_loader_order_matches_dataloader(tmp_path):
     store = GraphStore(bundle.train, 'cpu')
     ours = DeviceLoader(store, 5, shuffle=True,
                         generator=torch.Generator().manual_seed(3))
-    ref = DataLoader(bundle.train, batch_size=5, shuffle=True,
-                     generator=torch.Generator().manual_seed(3))
+    ref = DataLoader(bundle.train, batch_size=5, sampler=RandomSampler(
+        bundle.train, generator=torch.Generator().manual_seed(3)))
     assert len(ours) == len(ref) == 3
     for a, b in zip(ours, ref):
         assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)

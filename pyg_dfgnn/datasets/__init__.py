@@ -37,9 +37,15 @@ class DatasetBundle:
         return {'train': self.train, 'val': self.val, 'test': self.test}
 
 
-def _offline(cls: type) -> type:
+def _offline(cls: type, variant: str = '') -> type:
     """``cls`` with ``download`` replaced by a clear error (or a no-op when
-    the processed files already exist)."""
+    the processed files already exist), its processed files in a folder of
+    their own per ``variant`` (the pre-transforms: PyG only warns when a
+    cache was built with other ones, and then uses it)."""
+
+    def processed_dir(self) -> str:  # (PyG's own without pre-transforms)
+        base = super(sub, self).processed_dir
+        return osp.join(base, variant) if variant else base
 
     def download(self) -> None:
         if all(osp.exists(p) for p in self.processed_paths):
@@ -51,18 +57,22 @@ def _offline(cls: type) -> type:
             f"Copy them there, or use 'dataset.format: SBM' to generate "
             f"PATTERN/CLUSTER offline.")
 
-    return type(f'Offline{cls.__name__}', (cls, ), {'download': download})
+    sub = type(f'Offline{cls.__name__}', (cls, ), {
+        'download': download, 'processed_dir': property(processed_dir)})
+    return sub
 
 
 def load_pyg_dataset(dataset: str, name: str, root: str, split: str,
                      transform: Optional[Callable] = None,
-                     pre_transform: Optional[Callable] = None):
-    """``torch_geometric.datasets.<dataset>`` from local files only."""
+                     pre_transform: Optional[Callable] = None,
+                     variant: str = ''):
+    """``torch_geometric.datasets.<dataset>`` from local files only;
+    processed once per ``variant`` (a name for ``pre_transform``)."""
     import torch_geometric.datasets as pyg_datasets
     if dataset not in PYG_DATASETS:
         raise ValueError(f"'dataset.format' PyG-{dataset} is not supported; "
                          f"supported: {['PyG-' + d for d in PYG_DATASETS]}")
-    cls = _offline(getattr(pyg_datasets, dataset))
+    cls = _offline(getattr(pyg_datasets, dataset), variant)
     if dataset == 'GNNBenchmarkDataset':
         return cls(osp.join(root, dataset), name=name, split=split,
                    transform=transform, pre_transform=pre_transform)
@@ -113,7 +123,7 @@ def build_datasets(cfg) -> DatasetBundle:
     """Train / val / test datasets for a validated config."""
     from torch_geometric.transforms import Compose
 
-    from pyg_dfgnn.train.config import split_layer_type
+    from pyg_dfgnn.train.config import ConfigError, split_layer_type
     from pyg_dfgnn.train.model import SELF_LOOP_LAYERS
 
     local, _ = split_layer_type(cfg.gt.layer_type)
@@ -152,9 +162,18 @@ def build_datasets(cfg) -> DatasetBundle:
                   for split in ('train', 'val', 'test')]
     else:
         splits = [load_pyg_dataset(fmt[len('PyG-'):], name, root, split,
-                                   pre_transform=pre_transform)
+                                   pre_transform=pre_transform,
+                                   variant='-'.join(tags))
                   for split in ('train', 'val', 'test')]
     train = splits[0]
+    sample = train[0] if len(train) else None
+    if sample is not None and sample.get('y', None) is not None and \
+            sample.y.size(0) != sample.num_nodes:
+        raise ConfigError(
+            f"'dataset.format' {fmt} (name {name!r}) has graph-level targets "
+            f"(y has {sample.y.size(0)} entries for {sample.num_nodes} "
+            f"nodes); the runner's head is node-level ('gnn.head' "
+            f"inductive_node): node-level datasets only (PATTERN, CLUSTER)")
     x = train._data.x if hasattr(train, '_data') else train[0].x
     num_node_types = None
     if x is not None and not torch.is_floating_point(x):

@@ -185,6 +185,11 @@ def generate_sbm_splits(name: str, size: Optional[int] = None,
             for split, n in counts.items()}
 
 
+class DatasetError(RuntimeError):
+    """A generated dataset file that cannot be read (the message says
+    which, and how to regenerate it)."""
+
+
 class SBMDataset(InMemoryDataset):
     r"""PATTERN or CLUSTER, generated on first use and cached under ``root``.
 
@@ -230,7 +235,15 @@ class SBMDataset(InMemoryDataset):
                         f"{'-' + variant_tag if variant_tag else ''}")
         super().__init__(root, transform, pre_transform, pre_filter,
                          force_reload=force_reload)
-        self.load(self.processed_paths[('train', 'val', 'test').index(split)])
+        path = self.processed_paths[('train', 'val', 'test').index(split)]
+        try:
+            self.load(path)
+        except (RuntimeError, EOFError, OSError, ValueError) as e:
+            raise DatasetError(
+                f"cannot read the generated split '{path}' ({type(e).__name__}"
+                f": {str(e).splitlines()[0] if str(e) else ''}); it is "
+                f"damaged (an interrupted write?): delete "
+                f"'{self.processed_dir}' to generate it again") from e
 
     @property
     def raw_file_names(self) -> List[str]:

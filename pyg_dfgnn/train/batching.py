@@ -563,9 +563,10 @@ def _pad_loops(start: int, n_extra: int, e_extra: int,
 
 
 class DeviceLoader:
-    r"""Batches of a :class:`GraphStore` in PyG ``DataLoader``'s order: the
-    same ``torch.randperm(n, generator=generator)`` for ``shuffle=True``, so
-    both loaders give the same graphs per batch for the same generator.
+    r"""Batches of a :class:`GraphStore` in the order of the runner's PyG
+    ``DataLoader`` (a ``RandomSampler`` over ``generator``): the same
+    ``torch.randperm(n, generator=generator)`` per epoch for
+    ``shuffle=True``, so both loaders give the same graphs per batch.
 
     The epoch's permutation is uploaded once; every batch then slices it on
     the device and its sizes on the host.
@@ -584,10 +585,8 @@ class DeviceLoader:
 
     def order(self) -> Tensor:
         n = len(self.store)
-        # DataLoader's iterator first draws its workers' base seed from the
-        # generator (the global one without): drawn alike, the two loaders
-        # leave the RNGs in the same state.
-        torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+        # (The runner's DataLoaders draw their workers' seeds from generators
+        # of their own: the permutation is all either loader draws.)
         if self.shuffle:
             return torch.randperm(n, generator=self.generator)
         return torch.arange(n)

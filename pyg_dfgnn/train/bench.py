@@ -137,6 +137,8 @@ def bench_e2e(cfg_path: str, epochs: int,
         raise ValueError(f'epochs must be >= 1, got {epochs}')
     names = _check_variants(DEFAULT_VARIANTS if variants is None else
                             variants)
+    # Before any training: a result folder that cannot be one fails now.
+    os.makedirs(out_dir, exist_ok=True)
     runs: Dict[str, Any] = {}
     bundle = None
     for variant in names:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Tuple
@@ -194,8 +195,9 @@ SCHEMA: Dict[str, Any] = {
                         'schedule still per epoch); alone: no difference'),
         'progress_bar': _f(True),
         'time_limit_s': _f(0.0, float, min=0.0,
-                           help='stop (checkpointed, resumable) after the '
-                           'epoch that passes this many seconds; 0 = none'),
+                           help='stop after the epoch that passes this '
+                           'many seconds (resumable where train.enable_ckpt'
+                           '); 0 = none'),
     },
     'model': {
         'type': _f('GPSModel', choices=('GPSModel', )),
@@ -325,6 +327,10 @@ def _coerce(key: str, value: Any, field: Field) -> Any:
     if field.choices is not None and value not in field.choices:
         raise ConfigError(f"'{key}' must be one of {list(field.choices)}, "
                           f"got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value) and (
+            field.min is not None or field.max is not None):
+        # (nan passes every comparison; inf is no learning rate)
+        raise ConfigError(f"'{key}' must be a finite number, got {value!r}")
     if field.min is not None and value < field.min:
         raise ConfigError(f"'{key}' must be >= {field.min}, got {value!r}")
     if field.max is not None and (value > field.max or (
@@ -393,6 +399,11 @@ def _nest(key: str, value: Any) -> Dict[str, Any]:
     return out
 
 
+def _pyg_datasets() -> Tuple[str, ...]:
+    from pyg_dfgnn.datasets import PYG_DATASETS
+    return PYG_DATASETS
+
+
 def validate(cfg: Config) -> Config:
     """Checks across keys (the per-key checks ran while merging)."""
     local, glob = split_layer_type(cfg.gt.layer_type)
@@ -422,6 +433,11 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"'gt.local_attn_dropout' needs an attention local "
                           f"layer ({', '.join(LOCAL_ATTN_LAYERS)}); "
                           f"'gt.layer_type' has local model {local!r}")
+    if cfg.name is not None and (
+            not cfg.name or cfg.name in ('.', '..') or
+            any(sep in cfg.name for sep in ('/', '\\', os.sep))):
+        raise ConfigError(f"'name' must be a folder name inside 'out_dir' "
+                          f"(no path separators), got {cfg.name!r}")
     ds = cfg.dataset
     if ds.edge_encoder and local not in LOCAL_EDGE_LAYERS:
         layers = ', '.join(LOCAL_EDGE_LAYERS)
@@ -439,9 +455,11 @@ def validate(cfg: Config) -> Config:
                               f"{ds.edge_encoder_name} needs edge features: "
                               f"generated SBM graphs have none unless "
                               f"'dataset.sbm_edge_attr' is set (same_block)")
-    elif not fmt.startswith('PyG-'):
-        raise ConfigError(f"'dataset.format' must be 'SBM' or "
-                          f"'PyG-<Dataset>', got {fmt!r}")
+    elif not fmt.startswith('PyG-') or fmt[len('PyG-'):] not in \
+            _pyg_datasets():
+        raise ConfigError(f"'dataset.format' must be 'SBM' or one of "
+                          f"{['PyG-' + d for d in _pyg_datasets()]}, got "
+                          f"{fmt!r}")
     elif ds.sbm_edge_attr != 'none':
         raise ConfigError("'dataset.sbm_edge_attr' only applies to "
                           f"'dataset.format' SBM, got {fmt!r}")
@@ -512,24 +530,29 @@ def load_config(path: Optional[str] = None,
     ``key=value`` ``overrides`` in order, and validates the result."""
     cfg = default_config()
     if path is not None:
+        if os.path.isdir(path):
+            raise ConfigError(f"config file {path!r} is a directory")
         if not os.path.isfile(path):
             raise ConfigError(f"config file {path!r} does not exist")
-        with open(path) as f:
+        with open(path, encoding='utf-8') as f:
             try:
                 loaded = yaml.safe_load(f)
             except yaml.YAMLError as e:
                 raise ConfigError(f"{path}: invalid YAML: {e}") from None
+            except UnicodeDecodeError as e:
+                raise ConfigError(f"{path}: not UTF-8 text ({e.reason} at "
+                                  f"byte {e.start}); save it as UTF-8") \
+                    from None
         if loaded is not None:
             _merge(cfg, SCHEMA, loaded, '')
-        if cfg.name is None:
-            cfg.name = os.path.splitext(os.path.basename(path))[0]
     if data is not None:
         _merge(cfg, SCHEMA, data, '')
     for text in overrides or []:
         key, value = parse_override(text)
         _merge(cfg, SCHEMA, _nest(key, value), '')
-    if cfg.name is None:
-        cfg.name = 'run'
+    if cfg.name is None:  # (also after an empty 'name=' override)
+        cfg.name = 'run' if path is None else \
+            os.path.splitext(os.path.basename(path))[0]
     return validate(cfg)
 
 

@@ -431,11 +431,12 @@ def _sharded_dataloader(loader: Any, ctx: DistContext, shuffle: bool,
     from torch.utils.data import DataLoader
 
     n = len(loader.dataset)
-    gen = loader.generator
+    # The runner's sampler holds the order's generator; the loader's own
+    # draws the workers' seeds (make_loaders).
+    gen = getattr(loader.sampler, 'generator', None) if shuffle else None
 
     def order_fn(epoch: int) -> Tensor:
-        # RandomSampler's permutation from the loader's generator (the
-        # loader drew its workers' base seed from it just before).
+        # RandomSampler's permutation from the order's generator
         return torch.randperm(n, generator=gen) if shuffle else \
             torch.arange(n)
 
@@ -446,7 +447,7 @@ def _sharded_dataloader(loader: Any, ctx: DistContext, shuffle: bool,
     return DataLoader(loader.dataset,
                       batch_size=per_rank_batch_size(loader.batch_size, ctx,
                                                      mode),
-                      sampler=sampler, generator=gen,
+                      sampler=sampler, generator=loader.generator,
                       num_workers=loader.num_workers,
                       collate_fn=loader.collate_fn,
                       pin_memory=loader.pin_memory,

@@ -474,12 +474,23 @@ def make_loaders(cfg: Config, bundle, device: torch.device, model,
     size = cfg.train.batch_size
     if cfg.train.loader == 'pyg':
         from torch_geometric.loader import DataLoader
+        from torch.utils.data import RandomSampler
         kw = dict(batch_size=size, num_workers=cfg.train.num_workers,
                   persistent_workers=cfg.train.num_workers > 0,
                   pin_memory=device.type == 'cuda')
-        return (DataLoader(bundle.train, shuffle=True, generator=order,
-                           **kw),
-                {split: DataLoader(ds, shuffle=False, **kw)
+        # ``order`` gives the sampler's permutation alone, one per epoch as
+        # the device loader draws it. A loader's own generator draws its
+        # workers' base seed when an iterator starts -- once per run with
+        # persistent workers, again after a resume -- so it is another one
+        # (not ``order``: every later epoch's order would shift; not the
+        # global one: every later dropout mask would).
+        def workers() -> torch.Generator:
+            return torch.Generator().manual_seed(cfg.seed)
+
+        return (DataLoader(bundle.train, sampler=RandomSampler(
+            bundle.train, generator=order), generator=workers(), **kw),
+                {split: DataLoader(ds, shuffle=False, generator=workers(),
+                                   **kw)
                  for split, ds in (('val', bundle.val),
                                    ('test', bundle.test))})
     stores = {split: GraphStore(ds, device)
@@ -675,8 +686,10 @@ def train(cfg: Config, resume: bool = False, bundle=None,
         limit = cfg.train.time_limit_s
         if limit and time.perf_counter() - t_run >= limit and not last:
             stop = True
-            log(f'time limit {limit:.0f}s reached after epoch {epoch}; '
-                f'continue with --resume')
+            log(f'time limit {limit:.0f}s reached after epoch {epoch}; ' + (
+                'continue with --resume' if cfg.train.enable_ckpt else
+                'no checkpoint (train.enable_ckpt is false): it cannot be '
+                'resumed'))
         stop = distributed.any_rank(stop)  # ranks stop together
         if cfg.train.enable_ckpt and dctx.is_main and (
                 (epoch + 1) % cfg.train.ckpt_period == 0 or last or stop):
