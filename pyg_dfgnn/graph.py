@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import weakref
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional, Tuple
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -114,8 +114,10 @@ def _ptr(index: Tensor, size: int) -> Tensor:
     """Sorted index -> compressed pointer array of length ``size + 1``."""
     if index.numel() == 0:
         return torch.zeros(size + 1, dtype=torch.int64, device=index.device)
-    return torch._convert_indices_from_coo_to_csr(index.to(torch.int64), size,
-                                                  out_int32=False)
+    # (contiguous: the CPU kernel ignores strides, reading and writing out of
+    # bounds for a strided view)
+    return torch._convert_indices_from_coo_to_csr(
+        index.to(torch.int64).contiguous(), size, out_int32=False)
 
 
 class NodeIndexError(ValueError, IndexError):
@@ -344,11 +346,14 @@ class DFGraph:
                  max_out_degree: Optional[int] = None,
                  graph_windows: Optional[Tuple[Tensor, int]] = None,
                  stage_windows: Optional[Tuple[Tensor, int]] = None) -> None:
-        self.rowptr = rowptr
-        self.col = col
+        # The kernels (and some of PyTorch's index ops) read raw memory: a
+        # strided view, e.g. row 0 of a transposed [E, 2] tensor, would be
+        # read as if it were dense.
+        self.rowptr = rowptr.contiguous()
+        self.col = col.contiguous()
         self.num_src = int(num_src)
         self.num_dst = rowptr.numel() - 1
-        self.perm = perm
+        self.perm = None if perm is None else perm.contiguous()
         if max_in_degree is None:
             max_in_degree = int(self.in_degree.max()) if self.num_dst else 0
         self.max_in_degree = int(max_in_degree)
@@ -535,6 +540,13 @@ class DFGraph:
     def strategy(self, num_heads: int = 1) -> str:
         """SMMF or PMF for this graph and head count."""
         return choose_strategy(self.max_in_degree, num_heads)
+
+    def __getstate__(self) -> Dict[str, Any]:
+        # The link to the source tensor (a weak reference) does not survive
+        # pickling: an unpickled graph stands alone, like a prebuilt one.
+        state = self.__dict__.copy()
+        state['_source'] = None
+        return state
 
     # ---------------------------------------------------------------- checks
     def check_fresh(self) -> None:

@@ -27,6 +27,8 @@ from torch import Tensor
 from torch_geometric.sampler import (BaseSampler, NodeSamplerInput,
                                      SamplerOutput)
 
+from pyg_dfgnn.graph import _ptr
+
 
 def _choose(deg: Tensor, k: int, generator: Optional[torch.Generator]
             ) -> Tensor:
@@ -89,9 +91,8 @@ class NeighborSampler(BaseSampler):
         if dst.numel() > 1 and not bool((dst[1:] >= dst[:-1]).all()):
             dst, perm = torch.sort(dst, stable=True)
             src = src.index_select(0, perm)
-        self.ptr = torch._convert_indices_from_coo_to_csr(
-            dst.long(), num_nodes, out_int32=False)
-        self.src = src
+        self.ptr = _ptr(dst, num_nodes)
+        self.src = src.contiguous()
         self.perm = perm  # CSC position -> input edge id
         self.num_nodes = int(num_nodes)
         self.num_neighbors = [int(k) for k in num_neighbors]

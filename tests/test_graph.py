@@ -213,6 +213,55 @@ def test_node_index_errors_are_also_pyg_index_errors():
             conv(x, ei)
 
 
+@pytest.mark.parametrize('sorted_input', [True, False])
+def test_strided_edge_index(sorted_input):
+    # Rows of a transposed [E, 2] tensor are strided views: the CSR must be
+    # built from their values, not their memory (PyTorch's CPU coo -> csr
+    # ignores strides, reading and writing out of bounds).
+    pairs = torch.tensor([[2, 0], [0, 1], [1, 1], [1, 3], [3, 3]])
+    if not sorted_input:
+        pairs = pairs.flip(0)
+    ei = pairs.t()
+    assert not ei[1].is_contiguous()
+    got = DFGraph.from_edge_index(ei, num_nodes=4)
+    want = DFGraph.from_edge_index(ei.contiguous(), num_nodes=4)
+    for a, b in ((got.rowptr, want.rowptr), (got.col, want.col)):
+        assert torch.equal(a, b) and a.is_contiguous()
+    assert got.rowptr.tolist() == [0, 1, 3, 3, 5]
+    # one huge sparse bipartite block: out-of-bounds writes crashed here
+    src = torch.randint(0, 100000, (2000, ))
+    dst = torch.sort(torch.randint(0, 2, (2000, )))[0]
+    g = DFGraph.from_edge_index(torch.stack([src, dst], 1).t(),
+                                size=(100000, 2))
+    assert g.rowptr.tolist() == [0, int((dst == 0).sum()), 2000]
+    assert torch.equal(g.col.long(), src)
+
+
+def test_pickle_round_trip():
+    import pickle
+    ei = torch.tensor([[0, 1, 2, 2], [1, 2, 0, 1]])
+    graph = DFGraph.from_edge_index(ei, num_nodes=3)
+    graph.csc()
+    for copy in (pickle.loads(pickle.dumps(graph)), _torch_round_trip(graph)):
+        assert torch.equal(copy.rowptr, graph.rowptr)
+        assert torch.equal(copy.col, graph.col)
+        assert torch.equal(copy.perm, graph.perm)
+        assert all(torch.equal(a, b) for a, b in zip(copy.csc(),
+                                                     graph.csc()))
+        copy.check_fresh()  # stands alone: no link to ei
+    ei[0, 0] = 2  # the original still sees its source change
+    with pytest.raises(ValueError, match='stale'):
+        graph.check_fresh()
+
+
+def _torch_round_trip(obj):
+    import io
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=False)
+
+
 def test_bad_sizes():
     ei = torch.tensor([[0, 1], [1, 2]])
     with pytest.raises(ValueError, match='source'):

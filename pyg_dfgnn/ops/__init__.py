@@ -94,7 +94,8 @@ def check_inputs(graph: DFGraph, kind: str, value: Tensor, query: Tensor,
         _check_tensor('key', key, (n_src, heads, d), dt, dev)
         if kind == 'gatv2':
             if att is None:
-                raise ValueError("kind 'gatv2' needs 'att' of shape [H, F]")
+                raise ValueError("kind 'gatv2' needs 'att' of shape [H, D] "
+                                 "(D: the query / key width)")
             _check_tensor('att', att, (heads, d), dt, dev)
         if edge_key is not None:
             _check_tensor('edge_key', edge_key, (e, heads, d), dt, dev)
