@@ -2,6 +2,8 @@
 on the CPU, the rows the map describes -- self-loops filled in place -- equal
 the rows the convs formed before (PyG's add_self_loops semantics), and the
 two products equal their definitions."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -120,6 +122,16 @@ def test_shape_errors():
     with pytest.raises(ValueError, match="'edge_attr' must have shape"):
         structure.edge_attr_map(ei, edge_attr[1:])
     assert isinstance(emap, EdgeAttrMap)
+    # a map built by hand: a fill the kernels do not know, a constant
+    # fill without its row
+    with pytest.raises(ValueError, match="'fill' must be"):
+        dataclasses.replace(emap, fill='max')
+    looped = resolve_graph(ei, 12, 12, ei.device, loops=12)
+    const = looped.edge_attr_map(ei, edge_attr, 0.5)
+    assert const.fill == 'const'
+    const = dataclasses.replace(const, fill_row=None)
+    with pytest.raises(ValueError, match="needs its 'fill_row'"):
+        edge_attr_dots(const, edge_attr, torch.randn(12, 2, 3))
 
 
 @pytest.mark.parametrize('fill_value', [None, 'mean', 'add', 0.5])

@@ -78,6 +78,9 @@ class EdgeAttrMap:
     edge_row: Optional[Tensor] = None
 
     def __post_init__(self) -> None:
+        if self.fill not in ('none', 'mean', 'sum', 'const'):
+            raise ValueError(f"'fill' must be 'none', 'mean', 'sum' or "
+                             f"'const' (got {self.fill!r})")
         if self.fill == 'none' or self.index is None:
             return
         if self.edge_row is None:
@@ -368,6 +371,9 @@ def project_supported(out_dim: int, edge_dim: int) -> bool:
 
 
 def _check(emap: EdgeAttrMap, edge_attr: Tensor, heads: int) -> None:
+    if emap.fill == 'const' and emap.fill_row is None:
+        raise ValueError("an EdgeAttrMap with fill 'const' needs its "
+                         "'fill_row' (the loops' [D_e] features)")
     if edge_attr.dim() != 2 or edge_attr.size(0) != emap.num_input:
         raise ValueError(f"'edge_attr' must have shape [{emap.num_input}, "
                          f"edge_dim] (got {list(edge_attr.shape)})")
