@@ -166,7 +166,8 @@ def main(argv=None) -> Dict[str, Any]:
     loaders = {
         split: neighbor_loader(data, fanout, data[f'{split}_mask'], batch,
                                shuffle=split == 'train', seed=args.seed,
-                               rank=ctx.rank, world_size=ctx.world_size)
+                               rank=ctx.rank, world_size=ctx.world_size,
+                               pad=split == 'train')
         for split in ('train', 'val', 'test')}
 
     torch.manual_seed(args.seed)

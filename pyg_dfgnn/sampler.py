@@ -27,7 +27,7 @@ from torch import Tensor
 from torch_geometric.sampler import (BaseSampler, NodeSamplerInput,
                                      SamplerOutput)
 
-from pyg_dfgnn.graph import _ptr
+from pyg_dfgnn.graph import _check_index, _ptr
 
 
 def _choose(deg: Tensor, k: int, generator: Optional[torch.Generator]
@@ -87,6 +87,9 @@ class NeighborSampler(BaseSampler):
                  generator: Optional[torch.Generator] = None) -> None:
         dev = edge_index.device
         src, dst = edge_index[0], edge_index[1]
+        # (the CSR pointer below is built without bounds checks)
+        _check_index('edge_index', src, int(num_nodes), 'source')
+        _check_index('edge_index', dst, int(num_nodes), 'destination')
         perm = None
         if dst.numel() > 1 and not bool((dst[1:] >= dst[:-1]).all()):
             dst, perm = torch.sort(dst, stable=True)
@@ -173,35 +176,80 @@ class NeighborSampler(BaseSampler):
             '(node-level tasks); use PyG\'s LinkNeighborLoader for links')
 
 
+#: NeighborLoader options :func:`neighbor_loader` does not take.
+UNSUPPORTED_OPTIONS = ('replace', 'disjoint', 'subgraph_type', 'time_attr',
+                       'temporal_strategy', 'weight_attr', 'directed')
+
+
 def neighbor_loader(data: Any, num_neighbors: Sequence[int],
                     input_nodes: Optional[Tensor], batch_size: int,
                     shuffle: bool = False, drop_last: bool = False,
                     seed: int = 0, rank: int = 0, world_size: int = 1,
-                    **kwargs: Any):
+                    pad: bool = True, **kwargs: Any):
     """A :class:`~torch_geometric.loader.NodeLoader` over ``data`` with a
     :class:`NeighborSampler` on ``data.edge_index``'s device.
 
-    With ``world_size > 1`` every rank gets its own part of the seeds
-    (:class:`torch.utils.data.distributed.DistributedSampler`, the same
-    number of batches on every rank); call ``loader.sampler.set_epoch(e)``
-    for a new order each epoch, as with any distributed sampler.
-    ``shuffle`` draws the order from ``seed`` (and the epoch).
+    With ``world_size > 1`` every rank gets its own part of the seeds. With
+    ``pad`` (training) a :class:`torch.utils.data.distributed.
+    DistributedSampler` gives every rank the same number of batches,
+    repeating a few seeds; call ``loader.sampler.set_epoch(e)`` for a new
+    order each epoch, as with any distributed sampler. ``pad=False``
+    (evaluation) gives each seed to exactly one rank, in order, so that
+    counts summed over the ranks count every node once. ``shuffle`` draws
+    the order from ``seed`` (and the epoch). DataLoader workers
+    (``num_workers``) sample with generators seeded from their own seeds,
+    which the loader draws anew every epoch. ``kwargs`` go to
+    :class:`~torch_geometric.loader.NodeLoader` / ``DataLoader``.
     """
     from torch.utils.data.distributed import DistributedSampler
+    from torch_geometric.data import Data
     from torch_geometric.loader import NodeLoader
 
-    gen = torch.Generator(device=data.edge_index.device).manual_seed(seed)
+    if not isinstance(data, Data):
+        raise TypeError(f"neighbor_loader samples homogeneous graphs "
+                        f"('Data'), got {type(data).__name__}")
+    given = [key for key in UNSUPPORTED_OPTIONS if key in kwargs]
+    if given:
+        raise ValueError(f"neighbor_loader samples uniformly without "
+                         f"replacement, directionally, without time: "
+                         f"{given} are not supported (use torch_geometric's "
+                         f"NeighborLoader for them)")
+    # (each rank its own neighbours; the seed order below is shared)
+    gen = torch.Generator(device=data.edge_index.device).manual_seed(
+        seed + rank)
     sampler = NeighborSampler(data.edge_index, data.num_nodes, num_neighbors,
                               generator=gen)
     n_input = int(input_nodes.sum()) if input_nodes is not None and \
         input_nodes.dtype == torch.bool else (
             data.num_nodes if input_nodes is None else input_nodes.numel())
-    order = DistributedSampler(range(n_input), num_replicas=world_size,
-                               rank=rank, shuffle=shuffle, seed=seed,
-                               drop_last=drop_last)
+    if pad or world_size == 1:
+        order: Any = DistributedSampler(
+            range(n_input), num_replicas=world_size, rank=rank,
+            shuffle=shuffle, seed=seed, drop_last=drop_last)
+    else:
+        order = range(rank, n_input, world_size)
+    if kwargs.get('num_workers', 0) > 0:
+        kwargs['worker_init_fn'] = _ReseedSampler(
+            sampler, kwargs.get('worker_init_fn'))
     return NodeLoader(data, node_sampler=sampler, input_nodes=input_nodes,
                       batch_size=batch_size, sampler=order,
                       drop_last=drop_last, filter_per_worker=False, **kwargs)
+
+
+class _ReseedSampler:
+    """A DataLoader worker's ``worker_init_fn``: the worker's copy of the
+    sampler draws from its worker seed (new every epoch, one per worker)
+    instead of replaying the generator state it was copied with."""
+
+    def __init__(self, sampler: 'NeighborSampler',
+                 then: Optional[Any] = None) -> None:
+        self.sampler, self.then = sampler, then
+
+    def __call__(self, worker_id: int) -> None:
+        if self.sampler.generator is not None:
+            self.sampler.generator.manual_seed(torch.initial_seed())
+        if self.then is not None:
+            self.then(worker_id)
 
 
 def hop_slices(num_sampled_nodes: List[int], num_sampled_edges: List[int],

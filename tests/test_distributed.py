@@ -49,6 +49,40 @@ def test_sharded_order_covers_global_batches():
         assert got == sorted(want[4 * s:4 * s + 4])
 
 
+@pytest.mark.parametrize('n,world', [(1, 4), (2, 8), (3, 4)])
+def test_sharded_order_pads_fewer_samples_than_ranks(n, world):
+    # Every rank must take as many steps as __len__ says (a rank with one
+    # step fewer would hang the gradient all-reduce).
+    parts = [list(D.ShardedOrder(n, lambda e: torch.arange(n),
+                                 D.DistContext(rank=r, world_size=world)))
+             for r in range(world)]
+    assert all(len(p) == 1 for p in parts)
+    assert sorted(set(sum(parts, []))) == list(range(n))
+
+
+def test_auto_device_decides_alike_on_every_rank(monkeypatch):
+    # One GPU, two processes on the node: 'auto' must not give rank 0 NCCL
+    # on the GPU and rank 1 gloo on the CPU.
+    chosen = []
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 1)
+    monkeypatch.setattr(D.dist, 'is_initialized', lambda: False)
+
+    def fake_init(backend, **kw):
+        chosen.append(backend)
+        raise RuntimeError('stop here')
+
+    monkeypatch.setattr(D.dist, 'init_process_group', fake_init)
+    for rank in range(2):
+        monkeypatch.setenv('WORLD_SIZE', '2')
+        monkeypatch.setenv('LOCAL_WORLD_SIZE', '2')
+        monkeypatch.setenv('RANK', str(rank))
+        monkeypatch.setenv('LOCAL_RANK', str(rank))
+        with pytest.raises(RuntimeError, match='stop here'):
+            D.init('auto')
+    assert chosen == ['gloo', 'gloo']
+
+
 def test_per_rank_batch_size():
     assert D.per_rank_batch_size(16, D.DistContext(world_size=2)) == 8
     with pytest.raises(ValueError, match='divisible'):

@@ -135,6 +135,47 @@ def test_neighbor_loader_shards(graph):
     assert both.numel() - train.numel() <= 1
 
 
+def test_unpadded_shards_give_every_seed_once(graph):
+    # Evaluation: counts summed over the ranks see each node once.
+    val = graph.val_mask.nonzero().view(-1)
+    world = 2 if val.numel() % 2 else 3
+    assert val.numel() % world
+    seen = torch.cat([
+        torch.cat([b.n_id[:b.batch_size] for b in neighbor_loader(
+            graph, [3], graph.val_mask, 50, rank=rank, world_size=world,
+            pad=False)]) for rank in range(world)])
+    assert torch.equal(seen.sort().values, val)
+
+
+def test_workers_sample_anew_every_epoch():
+    gen = torch.Generator().manual_seed(0)
+    ei = torch.randint(0, 400, (2, 8000), generator=gen)
+    from torch_geometric.data import Data
+    data = Data(x=torch.randn(400, 2), edge_index=ei)
+
+    def epoch(loader):
+        return torch.cat([b.e_id for b in loader])
+
+    torch.manual_seed(0)
+    ld = neighbor_loader(data, [3], None, 100, num_workers=2)
+    first, second = epoch(ld), epoch(ld)
+    assert not torch.equal(first, second)
+    torch.manual_seed(0)  # seeded: the same samples again
+    again = epoch(neighbor_loader(data, [3], None, 100, num_workers=2))
+    assert torch.equal(first, again)
+
+
+def test_sampler_bad_input():
+    ei = torch.randint(0, 50, (2, 300), generator=torch.Generator(
+    ).manual_seed(0))
+    with pytest.raises(IndexError, match='out of range for 10'):
+        NeighborSampler(ei, 10, [2])
+    from torch_geometric.data import Data
+    data = Data(x=torch.randn(50, 2), edge_index=ei)
+    with pytest.raises(ValueError, match=r"\['replace'\] are not supported"):
+        neighbor_loader(data, [2], None, 8, replace=True)
+
+
 @pytest.mark.parametrize('conv', ['gat', 'transformer'])
 def test_df_convs_on_trimmed_batches_match_pyg(graph, conv):
     sys.path.insert(0, osp.join(ROOT, 'examples'))

@@ -106,7 +106,11 @@ def init(device: str = 'auto', timeout_s: float = 600.0) -> DistContext:
             f'rank {rank} needs GPU {local_rank} but this machine has '
             f'{torch.cuda.device_count()}: start at most that many '
             f'processes per node (torchrun --nproc_per_node)')
-    use_cuda = want_cuda and torch.cuda.device_count() > local_rank
+    # 'auto' decides alike on every rank (one backend for the group): the
+    # GPUs if every process of the node gets one, else the CPU for all.
+    local_world = int(os.environ.get('LOCAL_WORLD_SIZE', world))
+    use_cuda = want_cuda and torch.cuda.device_count() >= (
+        local_world if device == 'auto' else local_rank + 1)
     if use_cuda:
         # Before NCCL's first communicator: multicast off (see the module
         # docstring), whatever the caller's environment says.
@@ -186,7 +190,8 @@ class ShardedOrder(Sampler):
     def __iter__(self) -> Iterator[int]:
         order = self.order_fn(self.epoch).tolist()
         pad = len(self) * self.ctx.world_size - len(order)
-        order += order[:pad]
+        if order:  # wrapping as often as needed (fewer samples than ranks)
+            order += (order * -(-pad // len(order)))[:pad]
         return iter(order[self.ctx.rank::self.ctx.world_size])
 
 
@@ -382,8 +387,9 @@ class ShardedDeviceLoader:
 
     def _ids(self, order: Tensor) -> Tensor:
         world, n = self.ctx.world_size, order.numel()
-        if self.pad and n % world:
-            order = torch.cat([order, order[:world - n % world]])
+        if self.pad and n % world:  # (wrapped as often as needed)
+            order = torch.cat([order, order.repeat(
+                -(-world // n))[:world - n % world]])
         return order[self.ctx.rank::world]
 
     def __len__(self) -> int:
