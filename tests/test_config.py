@@ -332,6 +332,13 @@ def test_sbm_edge_encoder_needs_edge_features(name):
     load_config(overrides=['dataset.sbm_edge_attr=same_block'])
 
 
+def test_dataset_size_only_for_sbm():
+    with pytest.raises(ConfigError, match="'dataset.size' only applies"):
+        load_config(overrides=['dataset.format=PyG-GNNBenchmarkDataset',
+                               'dataset.size=100'])
+    load_config(overrides=['dataset.format=PyG-GNNBenchmarkDataset'])
+
+
 def test_sbm_edge_attr_only_for_sbm():
     with pytest.raises(ConfigError, match="'dataset.sbm_edge_attr' only "
                        "applies to 'dataset.format' SBM"):

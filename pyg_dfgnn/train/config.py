@@ -109,8 +109,8 @@ SCHEMA: Dict[str, Any] = {
         'name': _f('PATTERN', str),
         'dir': _f('data', help='root folder of generated/cached datasets'),
         'size': _f(None, int, nullable=True, min=1,
-                   help='number of training graphs (val/test scaled '
-                   'alike); null = the published 10k'),
+                   help='number of generated training graphs (SBM; '
+                   'val/test scaled alike); null = the published 10k'),
         'gen_seed': _f(0, min=0, help='seed of the SBM generator'),
         'dfgnn_format': _f(True, help='apply ToDFGNNFormat as pre_transform'),
         'task': _f('graph', choices=('graph', )),
@@ -463,6 +463,10 @@ def validate(cfg: Config) -> Config:
     elif ds.sbm_edge_attr != 'none':
         raise ConfigError("'dataset.sbm_edge_attr' only applies to "
                           f"'dataset.format' SBM, got {fmt!r}")
+    elif ds.size is not None:  # (PyG's splits are read as they are)
+        raise ConfigError(f"'dataset.size' only applies to 'dataset.format' "
+                          f"SBM (generated graphs), got {fmt!r}; set it to "
+                          f"null")
     enc = cfg.dataset.node_encoder_name.split('+')
     if enc[0] not in ('LinearNode', 'TypeDictNode') or any(
             e not in ('LapPE', 'RWSE') for e in enc[1:]) or len(
