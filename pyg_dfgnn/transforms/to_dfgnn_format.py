@@ -5,8 +5,8 @@ import torch
 from torch import Tensor
 
 from torch_geometric import EdgeIndex
-from torch_geometric.edge_index import CatMetadata
 from torch_geometric.data import Batch, Data, HeteroData
+from torch_geometric.edge_index import CatMetadata
 from torch_geometric.transforms import BaseTransform
 from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import add_self_loops, remove_self_loops
