@@ -206,7 +206,8 @@ def test_node_index_errors_are_also_pyg_index_errors():
     # PyG's convs raise IndexError for these: code catching it still does.
     from pyg_dfgnn.nn import DFGATConv
     conv, x = DFGATConv(2, 2), torch.randn(3, 2)
-    for ei in (torch.tensor([[0, -1], [1, 0]]), torch.tensor([[0, 1], [1, 5]])):
+    for ei in (torch.tensor([[0, -1], [1, 0]]),
+               torch.tensor([[0, 1], [1, 5]])):
         with pytest.raises(IndexError):
             DFGraph.from_edge_index(ei, num_nodes=3)
         with pytest.raises(IndexError):

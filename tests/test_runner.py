@@ -197,6 +197,21 @@ def test_resume_continues_exactly(tmp_path, loader):
         [[r[k] for k in keys] for r in full['history']]
 
 
+def test_evaluation_and_loader_leave_the_training_alone(tmp_path):
+    # Evaluation draws no random numbers (no loader takes the workers' seed
+    # from the global generator): how often it runs does not change the
+    # training, and both loaders train alike, dropout included.
+    losses = []
+    for i, extra in enumerate([('train.eval_period=1', ),
+                               ('train.eval_period=2', ),
+                               ('train.loader=pyg', 'train.eval_period=2')]):
+        res = train(tiny(tmp_path, f'out_dir={tmp_path}/r{i}',
+                         'gt.dropout=0.2', 'optim.max_epoch=4', *extra),
+                    log=quiet)
+        losses.append([r['train_loss'] for r in res['history']])
+    assert losses[0] == losses[1] == losses[2]
+
+
 def test_time_limit_stops_resumably(tmp_path):
     cfg = tiny(tmp_path, 'train.time_limit_s=1e-6')
     logs = []
