@@ -486,7 +486,11 @@ class GPSModel(nn.Module):
                      cfg.gt.attn_impl)
             for _ in range(cfg.gt.layers)
         ])
-        head = []  # GraphGPS's inductive node head: (Linear-BN-act) x L-1
+        # The inductive node head as GraphGPS's config reads: (Linear-BN-
+        # act-dropout) x L-1, Linear. (GraphGPS's code builds it with
+        # graphgym's MLP, whose hidden layers take LayerConfig's defaults:
+        # Linear-ReLU-L2 norm, no batch norm, no dropout.)
+        head = []
         for _ in range(cfg.gnn.layers_post_mp - 1):
             head.append(nn.Linear(dim, dim))
             if cfg.gnn.batchnorm:
