@@ -161,6 +161,19 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, 'module', model)
 
 
+def rank_share(order: Tensor, ctx: DistContext, pad: bool = True
+               ) -> Tensor:
+    """This rank's part of ``order`` (the same on every rank), taken by
+    stride. ``pad``: first wrapped around (as often as needed: fewer
+    samples than ranks) to a multiple of ``world_size``, so that every rank
+    gets as many samples, hence steps."""
+    world, n = ctx.world_size, order.numel()
+    if pad and n % world:
+        order = torch.cat([order, order.repeat(-(-world // n))[
+            :world - n % world]])
+    return order[ctx.rank::world]
+
+
 class ShardedOrder(Sampler):
     r"""This rank's part of a training order, for a DataLoader with
     ``batch_size = global_batch // world_size`` (``ddp_batch`` global) or
@@ -188,11 +201,7 @@ class ShardedOrder(Sampler):
         return -(-self.n // self.ctx.world_size)
 
     def __iter__(self) -> Iterator[int]:
-        order = self.order_fn(self.epoch).tolist()
-        pad = len(self) * self.ctx.world_size - len(order)
-        if order:  # wrapping as often as needed (fewer samples than ranks)
-            order += (order * -(-pad // len(order)))[:pad]
-        return iter(order[self.ctx.rank::self.ctx.world_size])
+        return iter(rank_share(self.order_fn(self.epoch), self.ctx).tolist())
 
 
 #: How ``batch_size`` is read under torchrun (``train.ddp_batch``).
@@ -385,13 +394,6 @@ class ShardedDeviceLoader:
         self.loader, self.ctx, self.pad = loader, ctx, pad
         self.batch_size = per_rank_batch_size(loader.batch_size, ctx, mode)
 
-    def _ids(self, order: Tensor) -> Tensor:
-        world, n = self.ctx.world_size, order.numel()
-        if self.pad and n % world:  # (wrapped as often as needed)
-            order = torch.cat([order, order.repeat(
-                -(-world // n))[:world - n % world]])
-        return order[self.ctx.rank::world]
-
     def __len__(self) -> int:
         n = len(self.loader.store)
         n = -(-n // self.ctx.world_size) if self.pad else len(
@@ -400,7 +402,7 @@ class ShardedDeviceLoader:
 
     def __iter__(self):
         loader = self.loader
-        order = self._ids(loader.order())
+        order = rank_share(loader.order(), self.ctx, self.pad)
         order_dev = order.to(loader.store.device)
         kw = dict(loader.batch_kwargs)
         if kw.get('num_slots') is not None:  # padded: a rank's batch size

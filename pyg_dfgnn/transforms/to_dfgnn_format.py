@@ -169,13 +169,6 @@ AddSelfLoops` would): a subgraph taken afterwards keeps them. Apply
         out = EdgeIndex(edge_index, sparse_size=(n, n), sort_order='col')
         mark_fresh(out)
         data.edge_index = out
-        if _batch_slices(data) is not None:  # keep it separable
-            sizes = _graph_sizes(data)
-            out._cat_metadata = CatMetadata(
-                nnz=_edges_per_graph(data, edge_index[1]).tolist(),
-                sparse_size=[(int(end), int(end)) for end in sizes[1:]],
-                sort_order=[out._sort_order] * (sizes.numel() - 1),
-                is_undirected=[False] * (sizes.numel() - 1))
         return edge_index[1], n
 
     # ----------------------------------------------------------------- adj_t
@@ -333,17 +326,6 @@ def _batch_slices(data: Data) -> Optional[Dict[str, Tensor]]:
     return slices
 
 
-def _graph_sizes(data: Data) -> Tensor:
-    """A batch's node offsets ``[num_graphs + 1]``."""
-    return data.ptr.cpu().to(torch.int64)
-
-
-def _edges_per_graph(data: Data, dst: Tensor) -> Tensor:
-    sizes = _graph_sizes(data)
-    num_graphs = sizes.numel() - 1
-    graph = torch.bucketize(dst.cpu().to(torch.int64), sizes[1:],
-                            right=True)
-    return torch.bincount(graph, minlength=num_graphs)
 
 
 def _permute(value: Any, perm: Tensor, dim: int) -> Any:
@@ -370,7 +352,7 @@ def _store_stats(data: Data, dst: Tensor, num_nodes: int) -> None:
     # A batch: per graph, as collation gives it, and the edge-level slices
     # updated (self-loops change each graph's edge count; the sort by
     # destination keeps each graph's edges contiguous, in graph order).
-    sizes = _graph_sizes(data)
+    sizes = data.ptr.cpu().to(torch.int64)  # node offsets [num_graphs + 1]
     num_graphs = sizes.numel() - 1
     graph = torch.repeat_interleave(torch.arange(num_graphs), sizes.diff())
     max_in_degree = torch.zeros(num_graphs, dtype=torch.int64).scatter_reduce(
@@ -379,8 +361,17 @@ def _store_stats(data: Data, dst: Tensor, num_nodes: int) -> None:
     slices[MAX_IN_DEGREE_KEY] = torch.arange(num_graphs + 1)
     data._inc_dict[MAX_IN_DEGREE_KEY] = torch.zeros(num_graphs,
                                                     dtype=torch.int64)
+    edges = torch.bincount(graph.index_select(0, dst.cpu().to(torch.int64)),
+                           minlength=num_graphs)
     edge_slices = torch.cat([torch.zeros(1, dtype=torch.int64),
-                             _edges_per_graph(data, dst).cumsum(0)])
+                             edges.cumsum(0)])
     for key in ['edge_index', *_edge_attr_keys(data)]:
         if key in slices and key in data:
             slices[key] = edge_slices
+    if isinstance(data.get('edge_index', None), EdgeIndex):
+        # what Batch.get_example reads back per graph
+        data.edge_index._cat_metadata = CatMetadata(
+            nnz=edges.tolist(),
+            sparse_size=[(int(end), int(end)) for end in sizes[1:]],
+            sort_order=[data.edge_index._sort_order] * num_graphs,
+            is_undirected=[False] * num_graphs)

@@ -10,7 +10,6 @@ from pyg_dfgnn.nn.conv.utils import (
     cast,
     check_message_passing_config,
     check_node_features,
-    check_not_explaining,
     op_dtype,
     resolve_graph,
     resolve_sizes,
@@ -96,7 +95,7 @@ class DFAGNNConv(FusedMessagePassing):
             edge_index (torch.Tensor, EdgeIndex, SparseTensor, torch.sparse
                 tensor or DFGraph): The graph.
         """
-        check_not_explaining(self)
+        self.check_forward_allowed()
         check_node_features('x', x)
         num_nodes, _ = resolve_sizes(edge_index, None, x.size(0), x.size(0))
         structure = resolve_graph(

@@ -62,6 +62,24 @@ class FusedMessagePassing(MessagePassing):
             with torch.no_grad():  # (PyG's pre-hook; no rows to project)
                 layer(x.narrow(0, 0, 0))
 
+    def check_forward_allowed(self) -> None:
+        """Before the fused forward: what it cannot run under -- PyG's
+        explainer (edge masks inside ``propagate``) and ``torch.func``
+        transforms (the graph cache and the op's autograd functions are not
+        functorch-aware) -- is refused."""
+        if getattr(self, '_explain', None):
+            raise NotImplementedError(
+                f"'{self.__class__.__name__}' runs a fused kernel instead of "
+                f"'propagate', so explainer edge masks cannot be applied; "
+                f"use the torch_geometric conv for explanations")
+        if not torch.compiler.is_compiling() and \
+                torch._C._functorch.peek_interpreter_stack() is not None:
+            raise NotImplementedError(
+                f"'{self.__class__.__name__}' does not support torch.func "
+                f"transforms (grad, vmap, jacrev, ...); use torch.autograd "
+                f"(loss.backward(), torch.autograd.grad) or the "
+                f"torch_geometric conv")
+
     def _refuse_hook(self, stage: str) -> None:
         raise NotImplementedError(
             f"'{self.__class__.__name__}' runs one fused kernel instead of "
@@ -69,37 +87,24 @@ class FusedMessagePassing(MessagePassing):
             f"a module hook (register_forward_hook) or use the "
             f"torch_geometric conv")
 
-    def register_propagate_forward_pre_hook(self, hook: Callable) -> Any:
-        self._refuse_hook('propagate')
+    def _refused(stage: str) -> Callable:  # type: ignore[misc]
+        def register(self, hook: Callable) -> Any:
+            self._refuse_hook(stage)
+        return register
 
-    def register_propagate_forward_hook(self, hook: Callable) -> Any:
-        self._refuse_hook('propagate')
-
-    def register_message_forward_pre_hook(self, hook: Callable) -> Any:
-        self._refuse_hook('message')
-
-    def register_message_forward_hook(self, hook: Callable) -> Any:
-        self._refuse_hook('message')
-
-    def register_aggregate_forward_pre_hook(self, hook: Callable) -> Any:
-        self._refuse_hook('aggregate')
-
-    def register_aggregate_forward_hook(self, hook: Callable) -> Any:
-        self._refuse_hook('aggregate')
-
-    def register_message_and_aggregate_forward_pre_hook(
-            self, hook: Callable) -> Any:
-        self._refuse_hook('message_and_aggregate')
-
-    def register_message_and_aggregate_forward_hook(
-            self, hook: Callable) -> Any:
-        self._refuse_hook('message_and_aggregate')
-
-    def register_edge_update_forward_pre_hook(self, hook: Callable) -> Any:
-        self._refuse_hook('edge_update')
-
-    def register_edge_update_forward_hook(self, hook: Callable) -> Any:
-        self._refuse_hook('edge_update')
+    register_propagate_forward_pre_hook = _refused('propagate')
+    register_propagate_forward_hook = _refused('propagate')
+    register_message_forward_pre_hook = _refused('message')
+    register_message_forward_hook = _refused('message')
+    register_aggregate_forward_pre_hook = _refused('aggregate')
+    register_aggregate_forward_hook = _refused('aggregate')
+    register_message_and_aggregate_forward_pre_hook = _refused(
+        'message_and_aggregate')
+    register_message_and_aggregate_forward_hook = _refused(
+        'message_and_aggregate')
+    register_edge_update_forward_pre_hook = _refused('edge_update')
+    register_edge_update_forward_hook = _refused('edge_update')
+    del _refused
 
     def __prepare_scriptable__(self) -> 'FusedMessagePassing':
         # torch.jit.script calls this first: fail here, with a reason,

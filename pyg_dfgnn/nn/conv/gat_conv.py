@@ -17,7 +17,6 @@ from pyg_dfgnn.nn.conv.utils import (
     attention_weights,
     cast,
     check_message_passing_config,
-    check_not_explaining,
     check_sparse_self_loops,
     op_dtype,
     resolve_graph,
@@ -221,7 +220,7 @@ class DFGATConv(FusedMessagePassing):
                 :class:`~torch_sparse.SparseTensor` input).
                 (default: :obj:`None`)
         """
-        check_not_explaining(self)
+        self.check_forward_allowed()
         H, C = self.heads, self.out_channels
         res: Optional[Tensor] = None
 

@@ -15,7 +15,6 @@ from pyg_dfgnn.nn.conv.utils import (
     attention_weights,
     cast,
     check_message_passing_config,
-    check_not_explaining,
     op_dtype,
     resolve_graph,
     resolve_sizes,
@@ -195,7 +194,7 @@ class DFTransformerConv(FusedMessagePassing):
                 :class:`~torch_sparse.SparseTensor` input).
                 (default: :obj:`None`)
         """
-        check_not_explaining(self)
+        self.check_forward_allowed()
         H, C = self.heads, self.out_channels
 
         x = split_node_features(x)

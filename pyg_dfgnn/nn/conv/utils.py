@@ -792,23 +792,3 @@ def check_message_passing_config(conv: Any) -> None:
         raise ValueError(f"'{conv.__class__.__name__}' only supports "
                          f"flow='source_to_target' (got flow={conv.flow!r}); "
                          f"pass the flipped edge_index instead")
-
-
-def check_not_explaining(conv: Any) -> None:
-    """What the fused forward cannot run under, refused before it starts:
-    PyG's explainer (edge masks inside ``propagate``) and ``torch.func``
-    transforms (the graph cache and the op's autograd functions are not
-    functorch-aware)."""
-    if getattr(conv, '_explain', None):
-        raise NotImplementedError(
-            f"'{conv.__class__.__name__}' runs a fused kernel instead of "
-            f"'propagate', so explainer edge masks cannot be applied; use "
-            f"the torch_geometric conv for explanations")
-    if not torch.compiler.is_compiling() and \
-            torch._C._functorch.peek_interpreter_stack() is not None:
-        raise NotImplementedError(
-            f"'{conv.__class__.__name__}' does not support torch.func "
-            f"transforms (grad, vmap, jacrev, ...); use torch.autograd "
-            f"(loss.backward(), torch.autograd.grad) or the "
-            f"torch_geometric conv")
-
