@@ -71,7 +71,8 @@ VARLEN_DROPOUT_ERROR = (
 VARLEN_COMPILE_ERROR = (
     "'gt.attn_impl' varlen does not compile (torch.compile fails in "
     "PyTorch's fake function of its backward): use 'auto' or 'padded' with "
-    "train.capture=compile, or train.capture=graphs")
+    "train.capture=compile or train.compile_layers, or train.capture=graphs "
+    "alone")
 #: ``gt.attn_impl``: how the global attention runs (backend dfgnn).
 GLOBAL_ATTN_IMPLS = ('auto', 'varlen', 'fused', 'padded')
 LOCAL_LAYERS = ('DFGAT', 'DFGATv2', 'DFTransformer', 'DFAGNN', 'GINE', 'GCN',
@@ -180,6 +181,16 @@ SCHEMA: Dict[str, Any] = {
                       'compile = torch.compile (inductor; on CUDA '
                       "mode='reduce-overhead'); none = eager. false / true "
                       'are none / graphs'),
+        'compile_layers': _f(False,
+                             help='training runs each GPS layer through '
+                             'torch.compile (inductor, default mode; one '
+                             'compilation shared by the identical layers, '
+                             'per padded batch shape): inductor fuses the '
+                             "layers' glue (batch norms, residuals, FFN) "
+                             'while the attention stays in our kernels; with '
+                             'capture graphs the CUDA graphs replay the '
+                             'fused kernels. Needs loader device; not with '
+                             'capture compile (the whole step compiled)'),
         'windows_per_graph': _f(0, min=0,
                                 help='staging windows of the fused kernels '
                                 'per graph of a device batch (SMMF / PMF '
@@ -427,6 +438,17 @@ def validate(cfg: Config) -> Config:
     if cfg.gt.attn_impl == 'varlen' and canonical_value(
             'train.capture', cfg.train.capture) == 'compile':
         raise ConfigError(VARLEN_COMPILE_ERROR)
+    if cfg.train.compile_layers:
+        if cfg.train.loader != 'device':
+            raise ConfigError("'train.compile_layers' needs 'train.loader' "
+                              "device (its padded batches come in a few "
+                              "shapes: one compilation each)")
+        if canonical_value('train.capture', cfg.train.capture) == 'compile':
+            raise ConfigError("'train.compile_layers' with 'train.capture' "
+                              "compile: the step is compiled whole already "
+                              "(use capture graphs or none)")
+        if cfg.gt.attn_impl == 'varlen':
+            raise ConfigError(VARLEN_COMPILE_ERROR)
     if cfg.gt.layer_norm and cfg.gt.batch_norm:
         raise ConfigError("'gt.layer_norm' and 'gt.batch_norm' are exclusive")
     if cfg.gt.local_attn_dropout > 0 and local not in LOCAL_ATTN_LAYERS:

@@ -277,11 +277,12 @@ def global_attn_impl(impl: str, backend: str, device: Any,
     on CUDA and ``'fused'`` elsewhere (backend pyg: ``'padded'``);
     ``'varlen'`` needs CUDA. On CUDA ``'auto'`` is not ``'varlen'``
 
-    * under ``torch.compile`` (``compiling``): ``'padded'``. PyTorch's fake
-      (meta) function of the kernel's backward takes other arguments than
-      the op (it lacks ``out``; torch 2.11-2.14), so a compiled backward
-      through it fails;
-    * with attention ``dropout`` in effect (training): ``'fused'`` (our
+    * under ``torch.compile`` (``compiling``) without attention dropout:
+      ``'padded'``. PyTorch's fake (meta) function of the kernel's backward
+      takes other arguments than the op (it lacks ``out``; torch
+      2.11-2.14), so a compiled backward through it fails;
+    * with attention ``dropout`` in effect (training, compiled or not):
+      ``'fused'`` (our
       kernels draw the mask and regenerate it in the backward) for the
       head widths :func:`fused_attention_pays` takes, else ``'padded'``. The
       varlen kernel's backward under ``cu_seqlens`` regenerates another
@@ -296,11 +297,9 @@ def global_attn_impl(impl: str, backend: str, device: Any,
     if impl == 'auto':
         if not cuda:
             return 'fused'
-        if compiling:
-            return 'padded'
         if dropout > 0:
             return 'fused' if fused_attention_pays(head_dim) else 'padded'
-        return 'varlen'
+        return 'padded' if compiling else 'varlen'
     if impl == 'varlen' and not cuda:
         raise ConfigError("'gt.attn_impl' varlen runs PyTorch's "
                           "memory-efficient attention kernel, on CUDA only "
@@ -391,6 +390,25 @@ class GPSLayer(nn.Module):
         return _norm(self.norm_out, h + self.ff(h), mask)
 
 
+#: ``torch.compile`` backend of ``train.compile_layers`` (the CPU tests trace
+#: with ``'aot_eager'``: no code generation).
+LAYER_COMPILE_BACKEND = 'inductor'
+_compiled_layer_forward: Any = None
+
+
+def compiled_layer_forward():
+    """:meth:`GPSLayer.forward` through ``torch.compile`` (inductor's
+    default mode, static shapes), one function for every layer: the layer
+    is an argument, its parameters inputs of the graph (dynamo inlines
+    built-in modules), so the ``gt.layers`` identical layers share one
+    compilation per batch shape and mode."""
+    global _compiled_layer_forward
+    if _compiled_layer_forward is None:
+        _compiled_layer_forward = torch.compile(
+            GPSLayer.forward, backend=LAYER_COMPILE_BACKEND, dynamic=False)
+    return _compiled_layer_forward
+
+
 def _norm(norm: nn.Module, x: Tensor, mask: Optional[Tensor]) -> Tensor:
     return norm(x, mask) if isinstance(norm, MaskedBatchNorm1d) else norm(x)
 
@@ -473,6 +491,9 @@ class GPSModel(nn.Module):
         self.refill_loops = local in SELF_LOOP_LAYERS
         # DF local convs take the batch's prebuilt format when it has one.
         self.local_takes_dfgraph = cfg.backend == 'dfgnn' and local in DF_CONVS
+        # train.compile_layers: training runs the layers compiled (evaluation
+        # eagerly: its unpadded batches would each be a new shape).
+        self.compile_layers = bool(cfg.train.compile_layers)
 
         pre = []
         for _ in range(cfg.gnn.layers_pre_mp):
@@ -525,8 +546,16 @@ class GPSModel(nn.Module):
         graph = getattr(data, 'dfgraph', None)
         if graph is not None and self.local_takes_dfgraph:
             edge_index = graph
-        for layer in self.layers:
-            x = layer(x, edge_index, batch, edge_attr, data, mask)
+        compiled = self.compile_layers and self.training
+        for i, layer in enumerate(self.layers):
+            # The first layer runs eagerly: it fills what the batch's
+            # graphs and the kernels cache lazily (graph structures, launch
+            # plans, the kernels' load), so that every compiled call sees
+            # one state -- a cache filled inside a compiled layer would fail
+            # the next layer's guards (a second compilation per shape).
+            run = compiled_layer_forward() if compiled and i > 0 else \
+                GPSLayer.__call__
+            x = run(layer, x, edge_index, batch, edge_attr, data, mask)
         return _apply(self.head, x, mask)
 
     def encode_edges(self, data, num_nodes: int,

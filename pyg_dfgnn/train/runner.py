@@ -468,7 +468,7 @@ def make_loaders(cfg: Config, bundle, device: torch.device, model,
     _, glob = split_layer_type(cfg.gt.layer_type)
     # (raises here, before any epoch, for an impl the device cannot run)
     compiling = canonical_value('train.capture', cfg.train.capture) == \
-        'compile'
+        'compile' or cfg.train.compile_layers
     global_attn_impl(cfg.gt.attn_impl, cfg.backend, device,
                      compiling=compiling)
     size = cfg.train.batch_size
@@ -600,8 +600,11 @@ def train(cfg: Config, resume: bool = False, bundle=None,
             f.write(dump_config(cfg))
 
     order = torch.Generator()
-    train_loader, eval_loaders = make_loaders(cfg, bundle, device, model,
-                                              order, capture != 'none')
+    # (compiled layers take padded batches too: a few shapes, one
+    # compilation each)
+    train_loader, eval_loaders = make_loaders(
+        cfg, bundle, device, model, order,
+        capture != 'none' or cfg.train.compile_layers)
     train_loader, eval_loaders = distributed.shard_loaders(
         train_loader, eval_loaders, mode=cfg.train.ddp_batch)
     stats = {split: EpochStats(cfg.metric_best, bundle.dim_out, device)
