@@ -8,7 +8,9 @@ Variants: ``pyg`` (PyG backend, PyG DataLoader, eager: as GraphGPS runs
 it), ``pyg-runner`` (PyG backend, device loader, step as CUDA graphs),
 ``dfgnn-eager`` (device loader, eager), ``dfgnn`` (device loader, CUDA
 graphs), ``pyg-runner-compile`` / ``dfgnn-compile`` (device loader, step
-through torch.compile, mode='reduce-overhead'), ``dfgnn-fused`` /
+through torch.compile, mode='reduce-overhead'), ``pyg-runner-layers`` /
+``dfgnn-layers`` (CUDA graphs of GPS layers compiled by inductor,
+``train.compile_layers``), ``dfgnn-fused`` /
 ``dfgnn-padded`` (``dfgnn`` with the global attention through our op on
 the complete graph / GraphGPS's padding instead of the varlen kernel). Captures and compilation
 happen in the ``--steps`` warm-up steps, before the timed ones.
@@ -40,6 +42,11 @@ VARIANTS = {
                            'train.capture=compile'],
     'dfgnn-compile': ['backend=dfgnn', 'train.loader=device',
                       'train.capture=compile'],
+    # the CUDA graphs replaying GPS layers compiled by inductor
+    'pyg-runner-layers': ['backend=pyg', 'train.loader=device',
+                          'train.capture=graphs', 'train.compile_layers=true'],
+    'dfgnn-layers': ['backend=dfgnn', 'train.loader=device',
+                     'train.capture=graphs', 'train.compile_layers=true'],
     # the global attention's other kernels (gt.attn_impl; 'dfgnn' runs the
     # default, varlen on CUDA)
     'dfgnn-fused': ['backend=dfgnn', 'train.loader=device',
@@ -150,7 +157,7 @@ def main():
               f'GPU kernels {gpu:.2f} ms/step, busy {gpu / wall:.0%}')
         for key, c in sorted(counts.items()):
             print(f'   {key:28s} calls/step {c:6.1f}')
-        print(events.table(sort_by='self_device_time_total', row_limit=12,
+        print(events.table(sort_by='self_device_time_total', row_limit=int(os.environ.get('PROFILE_ROWS', 12)),
                            max_name_column_width=48))
         del model, opt, loader, run
         torch.cuda.empty_cache()

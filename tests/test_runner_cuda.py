@@ -269,7 +269,8 @@ def test_compiled_layers_in_captured_step_match_eager(tmp_path, config,
     gps_model._compiled_layer_forward = None
     cfg, model, opt, batches, stats = setup(
         tmp_path, config, *no_random_draws(backend),
-        'train.compile_layers=true', 'gt.layers=3', pad=True,
+        'train.compile_layers=true', 'posenc_RWSE.enable=true',
+        'gt.layers=3', pad=True,
         capture='graphs')
     twin = copy.deepcopy(model)
     twin.compile_layers = False
