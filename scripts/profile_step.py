@@ -47,6 +47,10 @@ VARIANTS = {
                           'train.capture=graphs', 'train.compile_layers=true'],
     'dfgnn-layers': ['backend=dfgnn', 'train.loader=device',
                      'train.capture=graphs', 'train.compile_layers=true'],
+    'dfgnn-layers-padded': ['backend=dfgnn', 'train.loader=device',
+                            'train.capture=graphs',
+                            'train.compile_layers=true',
+                            'gt.attn_impl=padded'],
     # the global attention's other kernels (gt.attn_impl; 'dfgnn' runs the
     # default, varlen on CUDA)
     'dfgnn-fused': ['backend=dfgnn', 'train.loader=device',
