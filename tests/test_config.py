@@ -154,7 +154,7 @@ def test_attn_impl_resolves_per_device():
         load_config(overrides=['gt.attn_impl=varlen', 'gt.attn_dropout=0',
                                'train.capture=compile'])
     # attention dropout in effect: fused (varlen + dropout is refused),
-    # compiled or not
+    # padded under compile
     assert global_attn_impl('auto', 'dfgnn', 'cuda', dropout=0.5) == 'fused'
     # ... for heads the kernels run as 4 * 2^k features (pattern-gps 4 x
     # 16; cluster-gps 8 x 6, zero-padded to 8), padded for others
@@ -167,9 +167,9 @@ def test_attn_impl_resolves_per_device():
     assert global_attn_impl('auto', 'dfgnn', 'cpu', dropout=0.5,
                             head_dim=6) == 'fused'
     assert global_attn_impl('auto', 'dfgnn', 'cuda', compiling=True,
+                            dropout=0.5) == 'padded'
+    assert global_attn_impl('fused', 'dfgnn', 'cuda', compiling=True,
                             dropout=0.5) == 'fused'
-    assert global_attn_impl('auto', 'dfgnn', 'cuda', compiling=True,
-                            dropout=0.5, head_dim=5) == 'padded'
     assert global_attn_impl('auto', 'dfgnn', 'cpu', dropout=0.5) == 'fused'
     with pytest.raises(ConfigError, match='backward than in its forward'):
         global_attn_impl('varlen', 'dfgnn', 'cuda', dropout=0.5)

@@ -294,7 +294,7 @@ def test_compiled_layers_in_captured_step_match_eager(tmp_path, config,
 
 def test_fused_attention_dropout_under_compile_matches_eager(tmp_path):
     """A GPS layer whose only random draw is the fused global attention's
-    dropout mask (cluster-gps, 'auto' -> 'fused' compiled or not): from
+    dropout mask (cluster-gps, gt.attn_impl fused, compiled or not): from
     the same seed, the compiled layer drops what the eager one drops, in
     its forward and its backward."""
     import pyg_dfgnn.train.model as gps_model
@@ -302,6 +302,7 @@ def test_fused_attention_dropout_under_compile_matches_eager(tmp_path):
     gps_model._compiled_layer_forward = None
     cfg, model, opt, batches, stats = setup(
         tmp_path, 'cluster-gps', 'gt.dropout=0.0', 'gt.attn_dropout=0.5',
+        'gt.attn_impl=fused',
         pad=True, capture='graphs')
     model.train()
     batch = batches[0]
