@@ -4,7 +4,8 @@
 #   dfgnn        backend dfgnn, captured step (train.capture=true)
 #   dfgnn-eager  backend dfgnn, eager step
 #   pyg          backend pyg (GATConv + padded MultiheadAttention), captured
-# and a full 100-epoch dfgnn run (RUNS="... dfgnn-100"). Each call trains
+# and a full 100-epoch dfgnn run (RUNS="... dfgnn-100"); dfgnn-layers /
+# pyg-layers / dfgnn-layers-100 the same with train.compile_layers. Each call trains
 # until DEADLINE_S (default 540 s after its start), stopping after an epoch
 # with a checkpoint (train.time_limit_s), packs the run folders into
 # $OUT/accuracy-state.tar.gz, and prints the table
@@ -34,6 +35,10 @@ overrides() {  # run name -> runner overrides
     dfgnn-eager) echo "backend=dfgnn train.capture=false optim.max_epoch=$EPOCHS" ;;
     pyg)         echo "backend=pyg train.capture=true optim.max_epoch=$EPOCHS" ;;
     dfgnn-100)   echo "backend=dfgnn train.capture=true optim.max_epoch=100" ;;
+    # the captured step replaying GPS layers compiled by inductor
+    dfgnn-layers) echo "backend=dfgnn train.capture=true train.compile_layers=true optim.max_epoch=$EPOCHS" ;;
+    pyg-layers)  echo "backend=pyg train.capture=true train.compile_layers=true optim.max_epoch=$EPOCHS" ;;
+    dfgnn-layers-100) echo "backend=dfgnn train.capture=true train.compile_layers=true optim.max_epoch=100" ;;
     *) echo "unknown run '$1'" >&2; return 1 ;;
   esac
 }
