@@ -1,9 +1,9 @@
 """Table of the accuracy runs under a state folder of
 ``scripts/accuracy-check.sh``: per run the epochs done, the test metric of
 the last epoch and of the best validation epoch, and the difference to the
-``dfgnn`` (else ``dfgnn-layers``) run of the same config (issue 10's gate: within 0.5 points after
-the same epochs; the published GraphGPS PATTERN / CLUSTER figures beside
-the 100-epoch run).
+``dfgnn`` (else ``dfgnn-layers``) run of the same config (issue 10's gate:
+within 0.5 points after the same epochs; the published GraphGPS PATTERN /
+CLUSTER figures beside the 100-epoch run).
 
     python scripts/accuracy_table.py accuracy-state [--out accuracy.json]
 """

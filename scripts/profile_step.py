@@ -161,7 +161,8 @@ def main():
               f'GPU kernels {gpu:.2f} ms/step, busy {gpu / wall:.0%}')
         for key, c in sorted(counts.items()):
             print(f'   {key:28s} calls/step {c:6.1f}')
-        print(events.table(sort_by='self_device_time_total', row_limit=int(os.environ.get('PROFILE_ROWS', 12)),
+        print(events.table(sort_by='self_device_time_total',
+                           row_limit=int(os.environ.get('PROFILE_ROWS', 12)),
                            max_name_column_width=48))
         del model, opt, loader, run
         torch.cuda.empty_cache()

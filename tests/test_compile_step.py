@@ -191,6 +191,24 @@ def test_bench_variants_include_compile():
             parse_variants(bad)
 
 
+def _bench_e2e(tmp_path, names: str, layers: int):
+    """``bench-e2e`` of a small GPS config on the CPU (3 epochs, 16
+    generated graphs) in the variants ``names``; its result JSON."""
+    cfg = tmp_path / 'b.yaml'
+    cfg.write_text('gt:\n  layer_type: DFGAT+Transformer\n'
+                   f'  layers: {layers}\n  dim_hidden: 8\n  n_heads: 2\n  attn_dropout: 0.0\n'
+                   'gnn:\n  dim_inner: 8\n  layers_post_mp: 1\n'
+                   'optim:\n  num_warmup_epochs: 1\n')
+    assert main(['bench-e2e', '--cfg', str(cfg), '--epochs', '3',
+                 f'out_dir={tmp_path}/r', f'dataset.dir={tmp_path}/d',
+                 'dataset.size=16', 'train.batch_size=8',
+                 'train.progress_bar=false', 'num_threads=1',
+                 '--out', str(tmp_path / 'bench'), '--variants',
+                 names]) == 0
+    with open(tmp_path / 'bench' / 'e2e-b-cpu.json') as f:
+        return json.load(f)
+
+
 def test_bench_e2e_compares_compiled_and_eager_steps(tmp_path, capsys,
                                                      monkeypatch):
     """The compile variants through bench-e2e and the runner: on the CPU
@@ -198,22 +216,10 @@ def test_bench_e2e_compares_compiled_and_eager_steps(tmp_path, capsys,
     alike, compile in epoch 0 only (none of the later epochs' times is
     compile time) and are compared in the summary."""
     monkeypatch.setattr(capture, 'COMPILE_BACKEND', 'aot_eager')
-    cfg = tmp_path / 'b.yaml'
-    cfg.write_text('gt:\n  layer_type: DFGAT+Transformer\n  layers: 1\n'
-                   '  dim_hidden: 8\n  n_heads: 2\n  attn_dropout: 0.0\n'
-                   'gnn:\n  dim_inner: 8\n  layers_post_mp: 1\n'
-                   'optim:\n  num_warmup_epochs: 1\n')
     names = 'pyg-runner,pyg-runner-compile,dfgnn,dfgnn-compile'
-    assert main(['bench-e2e', '--cfg', str(cfg), '--epochs', '3',
-                 f'out_dir={tmp_path}/r', f'dataset.dir={tmp_path}/d',
-                 'dataset.size=16', 'train.batch_size=8',
-                 'train.progress_bar=false', 'num_threads=1',
-                 '--out', str(tmp_path / 'bench'), '--variants',
-                 names]) == 0
+    res = _bench_e2e(tmp_path, names, layers=1)
     text = capsys.readouterr().out
     assert 'speedup dfgnn-compile vs dfgnn (train.capture none)' in text
-    with open(tmp_path / 'bench' / 'e2e-b-cpu.json') as f:
-        res = json.load(f)
     assert list(res['runs']) == names.split(',')
     # the per-variant partial file is gone once the whole result is written
     assert not (tmp_path / 'bench' / 'e2e-b.partial.json').exists()
@@ -335,21 +341,9 @@ def test_compiled_layers_train_as_eager_layers(tmp_path, layers_traced):
 def test_runner_pads_batches_for_compiled_layers(tmp_path, layers_traced):
     """bench-e2e's ``dfgnn-layers`` through the runner on the CPU (eager
     step, compiled layers, padded batches): it trains as ``dfgnn`` does
-    on the same data, and compiles in its first epoch only."""
-    cfg = tmp_path / 'b.yaml'
-    cfg.write_text('gt:\n  layer_type: DFGAT+Transformer\n  layers: 2\n'
-                   '  dim_hidden: 8\n  n_heads: 2\n  attn_dropout: 0.0\n'
-                   'gnn:\n  dim_inner: 8\n  layers_post_mp: 1\n'
-                   'optim:\n  num_warmup_epochs: 1\n')
-    names = 'dfgnn,dfgnn-layers'
-    assert main(['bench-e2e', '--cfg', str(cfg), '--epochs', '3',
-                 f'out_dir={tmp_path}/r', f'dataset.dir={tmp_path}/d',
-                 'dataset.size=16', 'train.batch_size=8',
-                 'train.progress_bar=false', 'num_threads=1',
-                 '--out', str(tmp_path / 'bench'), '--variants',
-                 names]) == 0
-    with open(tmp_path / 'bench' / 'e2e-b-cpu.json') as f:
-        res = json.load(f)
+    on the same data, with a few compilations (padded shapes), not one
+    per batch."""
+    res = _bench_e2e(tmp_path, 'dfgnn,dfgnn-layers', layers=2)
     graphs = layers_traced['unique_graphs']
     assert 0 < graphs <= 6  # padded shapes: a few, not one per batch
     assert set(res['speedup_compile_vs_graphs']) == {'dfgnn-layers'}

@@ -256,7 +256,8 @@ def test_compiled_run_trains(tmp_path):
 
 
 @pytest.mark.parametrize('config,backend', [
-    ('pattern-gps', 'dfgnn'), ('cluster-gps', 'dfgnn'), ('pattern-gps', 'pyg')])
+    ('pattern-gps', 'dfgnn'), ('cluster-gps', 'dfgnn'),
+    ('pattern-gps', 'pyg')])
 def test_compiled_layers_in_captured_step_match_eager(tmp_path, config,
                                                       backend):
     """train.compile_layers with capture graphs: the CUDA graphs replay
