@@ -143,16 +143,16 @@ __device__ __forceinline__ void rows_pass(const BwdArgs<T, I>& a,
             }
             int k;
             if constexpr (KIND != kAdd) {
-              k = transpose_sum8(vs, L);
-              transpose_sum8(vd, L);
+              k = transpose_sum<8>(vs, L);
+              transpose_sum<8>(vd, L);
             } else {
-              k = transpose_sum8(vd, L);  // ('add': its score comes later)
+              k = transpose_sum<8>(vd, L);  // ('add': its score comes later)
             }
-            const int eb = e0 + transpose8_item(lane, L);
+            const int eb = e0 + transpose_item<8>(lane, L);
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
               const int e = eb + i;
-              if (i < k && transpose8_writer(lane, L) && e < n) {
+              if (i < k && transpose_writer<8>(lane, L) && e < n) {
                 w.p[h * C + e] = vs[i];
                 w.t[h * C + e] = vd[i];
               }

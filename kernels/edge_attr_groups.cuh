@@ -6,7 +6,8 @@
 // (edge_rows_kernel) read whole x rows per lane and its sums put lanes over
 // the H * De outputs with scalar loads; it stays for H > 8 and rows that do
 // not come in vectors.
-//   dots     per-lane partial products, summed over the group by shuffles
+//   dots     per-lane partial products, summed over the group by a
+//            transposing butterfly (transpose_sum: each lane keeps its heads)
 //   sums     per-lane [H][kVW] accumulators, summed over the warp's groups
 //            once at the end of the row
 //   scatter  a lane's kVW columns of sum_h w'_h M_ih, one vector store
@@ -25,29 +26,6 @@ __host__ __device__ __forceinline__ int edge_group_lanes(int De) {
   int g = 1;
   while (g * kVW < De) g <<= 1;
   return g <= kWarpSize ? g : 0;
-}
-
-// Sums of v[MAXH] over a group of G lanes (a power of two), transposed:
-// each step halves the values a lane keeps (lanes with bit o set keep the
-// upper half) and adds its partner's, so that lane lg ends with heads
-// lg * MAXH / G + i, i < MAXH / G (G < MAXH), else head lg / (G / MAXH)
-// in v[0] after plain butterflies over the lanes that share it.
-template <int MAXH>
-__device__ __forceinline__ void group_sums(float (&v)[MAXH], int G, int lg) {
-  int o = G >> 1;
-#pragma unroll
-  for (int n = MAXH; n > 1; n >>= 1) {
-    if (o == 0) return;  // (warp-uniform)
-    const bool upper = (lg & o) != 0;
-#pragma unroll
-    for (int i = 0; i < n / 2; ++i) {
-      const float send = upper ? v[i] : v[i + n / 2];
-      const float keep = upper ? v[i + n / 2] : v[i];
-      v[i] = keep + __shfl_xor_sync(kFullMask, send, o);
-    }
-    o >>= 1;
-  }
-  for (; o > 0; o >>= 1) v[0] += __shfl_xor_sync(kFullMask, v[0], o);
 }
 
 // SUMS: sums (and maybe scatter), no dots; else dots and / or scatter --
@@ -90,11 +68,12 @@ __global__ void __launch_bounds__(kThreads, SUMS && MAXH > 4 ? 3 : 4)
 #pragma unroll
     for (int i = 0; i < kVW; ++i)
       mr[h][i] = dots && h < H && has_col ? m[h * De + col + i] : 0.f;
-  // which heads' dots this lane holds after group_sums, and whether it
-  // writes them (G > MAXH: G / MAXH lanes hold each head)
+  // the heads whose dots this lane holds after their group sums
+  // (transpose_sum over the G lanes: `held` of them from head0), and
+  // whether it writes them (G > MAXH: G / MAXH lanes hold each head)
   const int held = G < MAXH ? MAXH / G : 1;
-  const int head0 = G < MAXH ? lg * held : lg / (G / MAXH);
-  const bool writer = G <= MAXH || (lg & (G / MAXH - 1)) == 0;
+  const int head0 = transpose_item<MAXH>(lane, G);
+  const bool writer = transpose_writer<MAXH>(lane, G);
   float dsum[MAXH];  // the row's dots (for its loop), per held head
   float acc[SUMS ? MAXH : 1][kVW];
 #pragma unroll
@@ -125,10 +104,9 @@ __global__ void __launch_bounds__(kThreads, SUMS && MAXH > 4 ? 3 : 4)
         part[h] = fmaf(mv.x, xv[0], fmaf(mv.y, xv[1],
                   fmaf(mv.z, xv[2], mv.w * xv[3])));
       }
-      // the group's sums, transposed: lane lg keeps heads head0 + i, i <
-      // held (one writer per head), in log2 G steps of ~MAXH / 2 shuffles
-      // where a butterfly per head took MAXH log2 G
-      group_sums<MAXH>(part, G, lg);
+      // the group's sums, transposed: ~MAXH shuffles where a butterfly
+      // per head took MAXH log2 G
+      transpose_sum<MAXH>(part, G);
       if (live && writer)
 #pragma unroll
         for (int i = 0; i < MAXH; ++i)

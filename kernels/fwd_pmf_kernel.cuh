@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(kThreads)
 // powers of two): a warp walks a run of consecutive edges, 32 / S edges a
 // step and eight steps before it sums: each lane's eight partial dot
 // products are summed over its head's G lanes by one transposing butterfly
-// (transpose_sum8: 7 + log2(G / 8) shuffles for eight edges instead of
+// (transpose_sum<8>: 7 + log2(G / 8) shuffles for eight edges instead of
 // 8 log2(G)), the query vector stays in registers while the row lasts, and
 // the (edge, head) index division and per-item row walk of (a.) go. (a.)
 // spent ~3x these instructions per edge and was issue-bound on reddit-like.
@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kThreads, kHasEdgeKV<FEAT> ? 2 : 3)
   // 32-bit offsets throughout (the host checked E * H, the key / query /
   // edge-key sizes < 2^31): half the address arithmetic per edge.
   constexpr int VW = Vec<T>::kWidth;
-  constexpr int U = 8;  // steps summed at once (transpose_sum8)
+  constexpr int U = 8;  // steps summed at once (transpose_sum<8>)
   using Raw = RawVec<T, VW>;
   const int H = a.H, HD = a.H * a.D;
   const int n_edges = (int)a.rowptr[a.n_dst];
@@ -111,8 +111,8 @@ __global__ void __launch_bounds__(kThreads, kHasEdgeKV<FEAT> ? 2 : 3)
   int row_end = (int)a.rowptr[r + 1];
   int q_row = -1;
   float q[VW];
-  const bool writer = transpose8_writer(lane, G);
-  const int item0 = transpose8_item(lane, G);
+  const bool writer = transpose_writer<8>(lane, G);
+  const int item0 = transpose_item<8>(lane, G);
   // (a warp-uniform loop: the transposing sum needs every lane)
   for (int step0 = start; step0 < end; step0 += U * edges_per_step) {
     const int base = step0 + sub;
@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(kThreads, kHasEdgeKV<FEAT> ? 2 : 3)
         acc[u] = score_vec<KIND, VW>(q, kx, att, a.slope, 0.f);
       }
     }
-    const int k = transpose_sum8(acc, G);
+    const int k = transpose_sum<8>(acc, G);
     if (writer) {
 #pragma unroll
       for (int i = 0; i < U; ++i) {

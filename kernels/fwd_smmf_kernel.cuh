@@ -196,12 +196,12 @@ __device__ __forceinline__ void smmf_rows(const FwdArgs<T, int32_t>& a,
                 v[b] = score_vec<KIND, FV>(qv, kx, av, a.slope, v[b]);
               }
             }
-            const int k = transpose_sum8(v, L);
-            const int eb = e0 + transpose8_item(lane, L);
+            const int k = transpose_sum<8>(v, L);
+            const int eb = e0 + transpose_item<8>(lane, L);
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
               const int e = eb + i;
-              if (i < k && transpose8_writer(lane, L) && e < n) {
+              if (i < k && transpose_writer<8>(lane, L) && e < n) {
                 float sc = v[i];
                 if constexpr (KIND == kDot) {
                   sc *= a.scale;

@@ -74,19 +74,20 @@ __device__ __forceinline__ float group8_sum(float v, int G) {
   return v;
 }
 
-// Eight values per lane (partial sums of eight items), summed over aligned
-// groups of L lanes (L a power of two >= 4) by a transposing butterfly:
-// each step keeps half of the values and adds the partner's other half
-// (4 + 2 + 1 shuffles while L allows), then plain xor levels below L / 8.
-// Returns k (1, or 2 for L = 4): v[0 .. k) hold the sums of items
-// transpose8_item(lane, L) + i; for L >= 16 the L / 8 lanes of a group
-// that share an item hold the same sum.
-__device__ __forceinline__ int transpose_sum8(float (&v)[8], int L) {
+// N values per lane (partial sums of N items, N a power of two), summed
+// over aligned groups of L lanes (L a power of two) by a transposing
+// butterfly: each step keeps half of the values and adds the partner's
+// other half (N / 2 + N / 4 + ... shuffles while L allows), then plain xor
+// levels below L / N. Returns k (N / L for L < N, else 1): v[0 .. k) hold
+// the sums of items transpose_item<N>(lane, L) + i; for L > N the L / N
+// lanes of a group that share an item hold the same sum.
+template <int N>
+__device__ __forceinline__ int transpose_sum(float (&v)[N], int L) {
   const int lane = threadIdx.x % kWarpSize;
-  int k = 8;
+  int k = N;
 #pragma unroll
-  for (int step = 0; step < 3; ++step) {
-    const int half = 4 >> step, o = L >> (step + 1);
+  for (int step = 0; (N >> step) > 1; ++step) {
+    const int half = (N / 2) >> step, o = L >> (step + 1);
     if (o >= 1) {
       const bool hi = (lane & o) != 0;
 #pragma unroll
@@ -98,17 +99,21 @@ __device__ __forceinline__ int transpose_sum8(float (&v)[8], int L) {
       k = half;
     }
   }
-  for (int o = L / 16; o >= 1; o /= 2)
+  for (int o = L / (2 * N); o >= 1; o /= 2)
     v[0] += __shfl_xor_sync(kFullMask, v[0], o);
   return k;
 }
-__device__ __forceinline__ int transpose8_item(int lane, int L) {
-  return ((lane & (L / 2)) ? 4 : 0) + ((lane & (L / 4)) ? 2 : 0) +
-         ((lane & (L / 8)) ? 1 : 0);
+template <int N>
+__device__ __forceinline__ int transpose_item(int lane, int L) {
+  static_assert(N == 2 || N == 4 || N == 8, "transpose_item: N 2, 4 or 8");
+  return ((lane & (L / 2)) ? N / 2 : 0) +
+         ((N >= 4 && (lane & (L / 4))) ? N / 4 : 0) +
+         ((N >= 8 && (lane & (L / 8))) ? N / 8 : 0);
 }
 // Whether this lane writes its sums (one lane per item).
-__device__ __forceinline__ bool transpose8_writer(int lane, int L) {
-  return L < 8 || (lane & (L / 8 - 1)) == 0;
+template <int N>
+__device__ __forceinline__ bool transpose_writer(int lane, int L) {
+  return L < N || (lane & (L / N - 1)) == 0;
 }
 
 __host__ __device__ inline size_t align16(size_t b) {

@@ -128,7 +128,7 @@ __device__ __forceinline__ float lane_dot(const float (&x)[VW],
 // same pairs at each level as N group_sum calls -- bit for bit their
 // results -- in log2(G) + 1 (N = 2) or + 4 (N = 4) shuffles and adds
 // instead of N log2(G) each: the first log2(N) levels trade values (each
-// lane keeps half and sends the other half, as transpose_sum8), the rest
+// lane keeps half and sends the other half, as transpose_sum), the rest
 // sum one value, and the last shuffles give every lane all N sums. (The
 // short kernels are issue-bound: ncu, mnist-like 1 x 128 fp32, 0.79 / 0.71
 // warp instructions issued per scheduler cycle in the forward / rows
