@@ -30,38 +30,27 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from pyg_dfgnn.train.bench import VARIANTS as BENCH_VARIANTS  # noqa: E402
+
+#: bench-e2e's variants, with the capture it gives them on CUDA (graphs
+#: where they name none), and diagnostic ones of its own.
 VARIANTS = {
-    'pyg': ['backend=pyg', 'train.loader=pyg', 'train.capture=none'],
-    'pyg-runner': ['backend=pyg', 'train.loader=device',
-                   'train.capture=graphs'],
+    name: extra + ([] if any(o.startswith('train.capture=') for o in extra)
+                   else ['train.capture=graphs'])
+    for name, extra in BENCH_VARIANTS.items()}
+_GRAPHS = ['backend=dfgnn', 'train.loader=device', 'train.capture=graphs']
+VARIANTS.update({
     'dfgnn-eager': ['backend=dfgnn', 'train.loader=device',
                     'train.capture=none'],
-    'dfgnn': ['backend=dfgnn', 'train.loader=device',
-              'train.capture=graphs'],
-    'pyg-runner-compile': ['backend=pyg', 'train.loader=device',
-                           'train.capture=compile'],
-    'dfgnn-compile': ['backend=dfgnn', 'train.loader=device',
-                      'train.capture=compile'],
-    # the CUDA graphs replaying GPS layers compiled by inductor
-    'pyg-runner-layers': ['backend=pyg', 'train.loader=device',
-                          'train.capture=graphs', 'train.compile_layers=true'],
-    'dfgnn-layers': ['backend=dfgnn', 'train.loader=device',
-                     'train.capture=graphs', 'train.compile_layers=true'],
-    'dfgnn-layers-padded': ['backend=dfgnn', 'train.loader=device',
-                            'train.capture=graphs',
-                            'train.compile_layers=true',
-                            'gt.attn_impl=padded'],
     # the global attention's other kernels (gt.attn_impl; 'dfgnn' runs the
-    # default, varlen on CUDA)
-    'dfgnn-fused': ['backend=dfgnn', 'train.loader=device',
-                    'train.capture=graphs', 'gt.attn_impl=fused'],
-    'dfgnn-padded': ['backend=dfgnn', 'train.loader=device',
-                     'train.capture=graphs', 'gt.attn_impl=padded'],
+    # default: varlen on CUDA, fused with attention dropout)
+    'dfgnn-fused': _GRAPHS + ['gt.attn_impl=fused'],
+    'dfgnn-padded': _GRAPHS + ['gt.attn_impl=padded'],
+    'dfgnn-layers-padded': _GRAPHS + ['train.compile_layers=true',
+                                      'gt.attn_impl=padded'],
     # one staging window per graph (train.windows_per_graph=1)
-    'dfgnn-graph-windows': ['backend=dfgnn', 'train.loader=device',
-                            'train.capture=graphs',
-                            'train.windows_per_graph=1'],
-}
+    'dfgnn-graph-windows': _GRAPHS + ['train.windows_per_graph=1'],
+})
 SYNC_KEYS = ('cudaStreamSynchronize', 'cudaDeviceSynchronize', 'aten::item',
              'aten::_local_scalar_dense', 'aten::nonzero', 'cudaMemcpyAsync')
 
@@ -74,6 +63,7 @@ def training_setup(cfg_path: str, size: int, overrides, bundle, dev):
     from pyg_dfgnn.datasets import build_datasets
     from pyg_dfgnn.train.config import load_config
     from pyg_dfgnn.train.model import build_model
+    from pyg_dfgnn.train.config import pads_batches
     from pyg_dfgnn.train.runner import (EpochStats, capture_mode,
                                         make_loaders, make_optimizer)
     cfg = load_config(cfg_path, [f'dataset.size={size}',
@@ -87,7 +77,7 @@ def training_setup(cfg_path: str, size: int, overrides, bundle, dev):
     capture = capture_mode(cfg, dev)
     opt = make_optimizer(cfg, model.parameters(), capture)
     loader, _ = make_loaders(cfg, bundle, dev, model, torch.Generator(),
-                             capture != 'none')
+                             pads_batches(cfg))
     stats = EpochStats(cfg.metric_best, bundle.dim_out, dev)
     model.train()
     return cfg, bundle, model, opt, loader, stats, capture

@@ -15,3 +15,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if 'cuda' in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def fresh_layer_compile(monkeypatch):
+    """A fresh compiled-layer function (``train.compile_layers``) and dynamo
+    state; yields dynamo's counters (``unique_graphs``: compilations
+    since)."""
+    import pyg_dfgnn.train.model as gps_model
+    from torch._dynamo.utils import counters
+    monkeypatch.setattr(gps_model, '_compiled_layer_forward', None)
+    torch.compiler.reset()
+    counters.clear()
+    yield counters['stats']
+    torch.compiler.reset()

@@ -291,16 +291,11 @@ def test_compile_layers_config():
 
 
 @pytest.fixture
-def layers_traced(monkeypatch):
+def layers_traced(monkeypatch, fresh_layer_compile):
     """The compiled layers traced with ``'aot_eager'`` (no code
     generation), from a fresh compiled function."""
-    from torch._dynamo.utils import counters
     monkeypatch.setattr(gps_model, 'LAYER_COMPILE_BACKEND', 'aot_eager')
-    monkeypatch.setattr(gps_model, '_compiled_layer_forward', None)
-    torch.compiler.reset()
-    counters.clear()
-    yield counters['stats']
-    torch.compiler.reset()
+    return fresh_layer_compile
 
 
 def test_compiled_layers_train_as_eager_layers(tmp_path, layers_traced):

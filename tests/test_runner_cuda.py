@@ -8,6 +8,7 @@ import os.path as osp
 import pytest
 import torch
 
+import pyg_dfgnn.train.model as gps_model
 from pyg_dfgnn.datasets import build_datasets
 from pyg_dfgnn.train.capture import CapturedStep, CompiledStep, batch_key
 from pyg_dfgnn.train.config import load_config
@@ -259,15 +260,11 @@ def test_compiled_run_trains(tmp_path):
     ('pattern-gps', 'dfgnn'), ('cluster-gps', 'dfgnn'),
     ('pattern-gps', 'pyg')])
 def test_compiled_layers_in_captured_step_match_eager(tmp_path, config,
-                                                      backend):
+                                                      backend,
+                                                      fresh_layer_compile):
     """train.compile_layers with capture graphs: the CUDA graphs replay
     inductor's compiled layers; one compilation per padded shape for all
     layers (first layer eager), the same training as eager steps."""
-    from torch._dynamo.utils import counters
-    import pyg_dfgnn.train.model as gps_model
-    torch.compiler.reset()
-    counters.clear()
-    gps_model._compiled_layer_forward = None
     cfg, model, opt, batches, stats = setup(
         tmp_path, config, *no_random_draws(backend),
         'train.compile_layers=true', 'posenc_RWSE.enable=true',
@@ -289,18 +286,16 @@ def test_compiled_layers_in_captured_step_match_eager(tmp_path, config,
     torch.cuda.synchronize()
     assert captured.replays > 0 and captured.graphs
     shapes = len({batch_key(b) for b in seq})
-    assert 0 < counters['stats']['unique_graphs'] <= shapes
+    assert 0 < fresh_layer_compile['unique_graphs'] <= shapes
     assert_same_training(model, twin, stats, stats2)
 
 
-def test_fused_attention_dropout_under_compile_matches_eager(tmp_path):
+def test_fused_attention_dropout_under_compile_matches_eager(
+        tmp_path, fresh_layer_compile):
     """A GPS layer whose only random draw is the fused global attention's
     dropout mask (cluster-gps, gt.attn_impl fused, compiled or not): from
     the same seed, the compiled layer drops what the eager one drops, in
     its forward and its backward."""
-    import pyg_dfgnn.train.model as gps_model
-    torch.compiler.reset()
-    gps_model._compiled_layer_forward = None
     cfg, model, opt, batches, stats = setup(
         tmp_path, 'cluster-gps', 'gt.dropout=0.0', 'gt.attn_dropout=0.5',
         'gt.attn_impl=fused',

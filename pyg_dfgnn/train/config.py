@@ -435,8 +435,7 @@ def validate(cfg: Config) -> Config:
                           f"attention (leave it 'auto')")
     if cfg.gt.attn_impl == 'varlen' and cfg.gt.attn_dropout > 0:
         raise ConfigError(VARLEN_DROPOUT_ERROR)
-    if cfg.gt.attn_impl == 'varlen' and canonical_value(
-            'train.capture', cfg.train.capture) == 'compile':
+    if cfg.gt.attn_impl == 'varlen' and compiles_layers(cfg):
         raise ConfigError(VARLEN_COMPILE_ERROR)
     if cfg.train.compile_layers:
         if cfg.train.loader != 'device':
@@ -447,8 +446,6 @@ def validate(cfg: Config) -> Config:
             raise ConfigError("'train.compile_layers' with 'train.capture' "
                               "compile: the step is compiled whole already "
                               "(use capture graphs or none)")
-        if cfg.gt.attn_impl == 'varlen':
-            raise ConfigError(VARLEN_COMPILE_ERROR)
     if cfg.gt.layer_norm and cfg.gt.batch_norm:
         raise ConfigError("'gt.layer_norm' and 'gt.batch_norm' are exclusive")
     if cfg.gt.local_attn_dropout > 0 and local not in LOCAL_ATTN_LAYERS:
@@ -530,6 +527,22 @@ def rwse_times(times_func: str) -> range:
         raise ConfigError("'posenc_RWSE.kernel.times_func' must look like "
                           f"'range(1,17)', got {times_func!r}")
     return range(int(m.group(1)), int(m.group(2)))
+
+
+def compiles_layers(cfg: Config) -> bool:
+    """Whether training traces the GPS layers with torch.compile (the whole
+    step, ``train.capture: compile``, or the layers alone,
+    ``train.compile_layers``)."""
+    return cfg.train.compile_layers or canonical_value(
+        'train.capture', cfg.train.capture) == 'compile'
+
+
+def pads_batches(cfg: Config) -> bool:
+    """Whether training batches are padded to a few fixed shapes: for a
+    captured step (CUDA graphs, torch.compile) or compiled layers, each
+    shape captured / compiled once."""
+    return cfg.train.compile_layers or canonical_value(
+        'train.capture', cfg.train.capture) != 'none'
 
 
 def split_layer_type(layer_type: str) -> Tuple[str, str]:

@@ -38,7 +38,8 @@ from pyg_dfgnn.train.batching import (DeviceLoader, GraphBatch, GraphStore,
                                      auto_windows_per_graph)
 from pyg_dfgnn.train import distributed
 from pyg_dfgnn.train.config import (Config, ConfigError, canonical_value,
-                                    default_config, dump_config,
+                                    compiles_layers, default_config,
+                                    dump_config, pads_batches,
                                     split_layer_type)
 
 #: Config keys that may differ between a run and its resumption.
@@ -467,8 +468,7 @@ def make_loaders(cfg: Config, bundle, device: torch.device, model,
     from pyg_dfgnn.train.model import global_attn_impl
     _, glob = split_layer_type(cfg.gt.layer_type)
     # (raises here, before any epoch, for an impl the device cannot run)
-    compiling = canonical_value('train.capture', cfg.train.capture) == \
-        'compile' or cfg.train.compile_layers
+    compiling = compiles_layers(cfg)
     global_attn_impl(cfg.gt.attn_impl, cfg.backend, device,
                      compiling=compiling)
     size = cfg.train.batch_size
@@ -600,11 +600,8 @@ def train(cfg: Config, resume: bool = False, bundle=None,
             f.write(dump_config(cfg))
 
     order = torch.Generator()
-    # (compiled layers take padded batches too: a few shapes, one
-    # compilation each)
-    train_loader, eval_loaders = make_loaders(
-        cfg, bundle, device, model, order,
-        capture != 'none' or cfg.train.compile_layers)
+    train_loader, eval_loaders = make_loaders(cfg, bundle, device, model,
+                                              order, pads_batches(cfg))
     train_loader, eval_loaders = distributed.shard_loaders(
         train_loader, eval_loaders, mode=cfg.train.ddp_batch)
     stats = {split: EpochStats(cfg.metric_best, bundle.dim_out, device)
