@@ -31,8 +31,14 @@ __host__ __device__ __forceinline__ int edge_group_lanes(int De) {
 // SUMS: sums (and maybe scatter), no dots; else dots and / or scatter --
 // the [MAXH][kVW] accumulators and the dots' registers are never live
 // together (the host takes dots with sums to the row kernel).
+// Blocks per SM: the sums launches are bound by load latency (the forward
+// sums and the backward's sums + scatter take the same time), so 4 heads'
+// sums take a fifth block at 48 registers (a few spills to L1).
+template <bool SUMS, int MAXH>
+constexpr int kGroupBlocks = SUMS ? (MAXH > 4 ? 3 : 5) : 4;
+
 template <typename T, int MAXH, bool SUMS>
-__global__ void __launch_bounds__(kThreads, SUMS && MAXH > 4 ? 3 : 4)
+__global__ void __launch_bounds__(kThreads, kGroupBlocks<SUMS, MAXH>)
     edge_groups_kernel(Args<T> a, int G) {
   static_assert(kVW == 4, "the group kernel reads M in float4");
   const bool dots = !SUMS && a.dots != nullptr;
