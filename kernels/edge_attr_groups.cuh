@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(kThreads, kGroupBlocks<SUMS, MAXH>)
   // the heads whose dots this lane holds after their group sums
   // (transpose_sum over the G lanes: `held` of them from head0), and
   // whether it writes them (G > MAXH: G / MAXH lanes hold each head)
-  const int held = G < MAXH ? MAXH / G : 1;
+  const int held = transpose_count<MAXH>(G);
   const int head0 = transpose_item<MAXH>(lane, G);
   const bool writer = transpose_writer<MAXH>(lane, G);
   float dsum[MAXH];  // the row's dots (for its loop), per held head

@@ -74,17 +74,22 @@ __device__ __forceinline__ float group8_sum(float v, int G) {
   return v;
 }
 
+// The sums a lane keeps after transpose_sum<N> over L lanes.
+template <int N>
+__host__ __device__ __forceinline__ int transpose_count(int L) {
+  return L < N ? N / L : 1;
+}
+
 // N values per lane (partial sums of N items, N a power of two), summed
 // over aligned groups of L lanes (L a power of two) by a transposing
 // butterfly: each step keeps half of the values and adds the partner's
 // other half (N / 2 + N / 4 + ... shuffles while L allows), then plain xor
-// levels below L / N. Returns k (N / L for L < N, else 1): v[0 .. k) hold
-// the sums of items transpose_item<N>(lane, L) + i; for L > N the L / N
-// lanes of a group that share an item hold the same sum.
+// levels below L / N. Returns transpose_count<N>(L): v[0 .. k) hold the
+// sums of items transpose_item<N>(lane, L) + i; for L > N the L / N lanes
+// of a group that share an item hold the same sum.
 template <int N>
 __device__ __forceinline__ int transpose_sum(float (&v)[N], int L) {
   const int lane = threadIdx.x % kWarpSize;
-  int k = N;
 #pragma unroll
   for (int step = 0; (N >> step) > 1; ++step) {
     const int half = (N / 2) >> step, o = L >> (step + 1);
@@ -96,12 +101,11 @@ __device__ __forceinline__ int transpose_sum(float (&v)[N], int L) {
         const float keep = hi ? v[i + half] : v[i];
         v[i] = keep + __shfl_xor_sync(kFullMask, send, o);
       }
-      k = half;
     }
   }
   for (int o = L / (2 * N); o >= 1; o /= 2)
     v[0] += __shfl_xor_sync(kFullMask, v[0], o);
-  return k;
+  return transpose_count<N>(L);
 }
 template <int N>
 __device__ __forceinline__ int transpose_item(int lane, int L) {

@@ -61,9 +61,8 @@ def training_setup(cfg_path: str, size: int, overrides, bundle, dev):
     ``(cfg, bundle, model, optimizer, train loader, stats, capture)``,
     the model in train mode, seeded as the runner seeds it."""
     from pyg_dfgnn.datasets import build_datasets
-    from pyg_dfgnn.train.config import load_config
+    from pyg_dfgnn.train.config import load_config, pads_batches
     from pyg_dfgnn.train.model import build_model
-    from pyg_dfgnn.train.config import pads_batches
     from pyg_dfgnn.train.runner import (EpochStats, capture_mode,
                                         make_loaders, make_optimizer)
     cfg = load_config(cfg_path, [f'dataset.size={size}',

@@ -326,8 +326,6 @@ def _batch_slices(data: Data) -> Optional[Dict[str, Tensor]]:
     return slices
 
 
-
-
 def _permute(value: Any, perm: Tensor, dim: int) -> Any:
     if isinstance(value, Tensor):
         return value.index_select(dim, perm.to(value.device))
