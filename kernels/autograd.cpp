@@ -27,14 +27,11 @@ using torch::autograd::variable_list;
 // Typed handles of the kernel ops, so that fake / meta tensors (torch.compile
 // tracing) reach their fake impls through the dispatcher.
 using OptTensor = c10::optional<Tensor>;
-// (the edge_attr arguments -- GAT's projected edge term, which the Python
-// autograd of pyg_dfgnn/ops/cuda.py drives -- are passed as absent here)
-using FwdSig = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>(
+using FwdSig = std::tuple<Tensor, Tensor, Tensor, Tensor>(
     const Tensor&, const Tensor&, int64_t, const Tensor&, const Tensor&,
     const Tensor&, const OptTensor&, double, double, int64_t, int64_t,
     const OptTensor&, int64_t, const OptTensor&, const OptTensor&,
-    const OptTensor&, double, int64_t, const OptTensor&, const OptTensor&,
-    const OptTensor&, const OptTensor&, int64_t, const OptTensor&);
+    const OptTensor&, double, int64_t, const OptTensor&);
 
 const c10::TypedOperatorHandle<FwdSig>& fwd_op() {
   static const auto op =
@@ -45,15 +42,13 @@ const c10::TypedOperatorHandle<FwdSig>& fwd_op() {
 }
 
 using BwdSig = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
-                          Tensor, Tensor, Tensor>(
+                          Tensor>(
     const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
     const Tensor&, int64_t, const Tensor&, const Tensor&, const Tensor&,
     const OptTensor&, const Tensor&, double, double, const OptTensor&,
     int64_t, const OptTensor&, int64_t, int64_t, int64_t, const OptTensor&,
     const OptTensor&, const OptTensor&, double, const OptTensor&,
-    const OptTensor&, int64_t, const OptTensor&, int64_t, const OptTensor&,
-    const OptTensor&, const OptTensor&, const OptTensor&, int64_t,
-    const OptTensor&, const OptTensor&, const OptTensor&);
+    const OptTensor&, int64_t, const OptTensor&, int64_t);
 
 const c10::TypedOperatorHandle<BwdSig>& bwd_op() {
   static const auto op =
@@ -102,11 +97,10 @@ class FusedAttention : public torch::autograd::Function<FusedAttention> {
     // returned for inspection only (no gradient) keep the plain backward's
     // kernels rather than the feature level that reads grad_alpha.
     ctx->set_materialize_grads(false);
-    auto [out, lse, alpha, rng_state, unused] = fwd_op().call(
+    auto [out, lse, alpha, rng_state] = fwd_op().call(
         g.rowptr, g.col, g.kind, query, key, value, att, g.scale,
         g.negative_slope, g.strategy, g.max_in_degree, g.windows,
-        g.stage_nodes, es, ek, ev, g.dropout, g.attention, g.attention_perm,
-        c10::nullopt, c10::nullopt, c10::nullopt, 0, c10::nullopt);
+        g.stage_nodes, es, ek, ev, g.dropout, g.attention, g.attention_perm);
     auto val = [](const OptTensor& t) { return t.has_value() ? *t : Tensor(); };
     ctx->save_for_backward({query, key, value, val(att), lse, val(es),
                             val(ek), val(ev)});
@@ -163,7 +157,7 @@ class FusedAttention : public torch::autograd::Function<FusedAttention> {
     // have no autograd, so let the dispatcher say so; otherwise skip it.
     c10::optional<at::AutoDispatchBelowADInplaceOrView> below;
     if (!at::GradMode::is_enabled()) below.emplace();
-    auto [gq, gk, gv, ga, ges, gek, gev, gx, gm] = bwd_op().call(
+    auto [gq, gk, gv, ga, ges, gek, gev] = bwd_op().call(
         grad_out, data["rowptr"].toTensor(),
         data["col"].toTensor(), *colptr, *csc_row, *csc_perm,
         data["kind"].toInt(), saved[0], saved[1], saved[2],
@@ -176,8 +170,7 @@ class FusedAttention : public torch::autograd::Function<FusedAttention> {
         opt(saved[7]), data["dropout"].toDouble(),
         opt(data["rng_state"].toTensor()), grad_alpha, attention,
         data["attention_perm"].toOptional<Tensor>(),
-        data["strategy"].toInt(), c10::nullopt, c10::nullopt, c10::nullopt,
-        c10::nullopt, 0, c10::nullopt, c10::nullopt, c10::nullopt);
+        data["strategy"].toInt());
     // One entry per forward argument (GraphArgs last); undefined = no grad.
     // needs_input_grad counts only the arguments that were tensors (absent
     // optional ones have no edge). A shared ek = ev gets its whole gradient
@@ -217,13 +210,12 @@ std::tuple<Tensor, Tensor, Tensor> fused_attention_cuda(
     const OptTensor& edge_score, const OptTensor& edge_key,
     const OptTensor& edge_value, double dropout, int64_t attention,
     const OptTensor& attention_perm) {
-  auto [out, lse, alpha, rng_state, unused] = fused_attention_fwd_cuda(
+  auto [out, lse, alpha, rng_state] = fused_attention_fwd_cuda(
       rowptr, col, kind, query.contiguous(), key.contiguous(),
       value.contiguous(), contiguous(att), scale, negative_slope, strategy,
       max_in_degree, windows, stage_nodes, contiguous(edge_score),
       contiguous(edge_key), contiguous(edge_value), dropout, attention,
-      attention_perm, c10::nullopt, c10::nullopt, c10::nullopt, 0,
-      c10::nullopt);
+      attention_perm);
   return {out, lse, alpha};
 }
 
@@ -259,11 +251,10 @@ std::tuple<Tensor, Tensor, Tensor> fused_attention_autograd(
                       grad(ek) || grad(ev));
   if (!track) {  // no node: no saved tensors, no copy of the output
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [out, lse, alpha, rng_state, unused] = fwd_op().call(
+    auto [out, lse, alpha, rng_state] = fwd_op().call(
         rowptr, col, kind, query, key, value, att, scale, negative_slope,
         strategy, max_in_degree, windows, stage_nodes, es, ek, ev, dropout,
-        attention, attention_perm, c10::nullopt, c10::nullopt, c10::nullopt,
-        0, c10::nullopt);
+        attention, attention_perm);
     return {out, lse, alpha};
   }
   auto outs = FusedAttention::apply(

@@ -158,7 +158,6 @@ struct BwdArgs {
   const T* __restrict__ att;        // gatv2 [H, D]
   const float* __restrict__ lse;    // [N_dst, H]
   EdgeTerms<T> et;                  // CSR order (nullptr: absent)
-  EdgeProj<T> proj;                 // short rows, level kFeatProject
   DropoutMask drop;
   const T* __restrict__ galpha;     // rows: [E, H] in the order of aperm
   const I* __restrict__ aperm;      // CSR edge -> row of galpha (or null)

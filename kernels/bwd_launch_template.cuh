@@ -27,11 +27,6 @@ struct Args {
       value, att, lse, windows, col_windows;
   at::Tensor edge_score, edge_key, edge_value;  // CSR order (or undefined)
   at::Tensor grad_alpha, attention_perm;  // (undefined: none / identity)
-  // GAT's edge term from the raw edge attributes (EdgeProj; proj_x
-  // undefined: none): the short rows pass at level kFeatProject
-  at::Tensor proj_out, proj_x, proj_index, proj_m, proj_fill_row,
-      proj_loop_pos, proj_loop_score;
-  int64_t proj_fill = 0;
   bool alpha_dropped, ekv_shared;
   DropoutMask drop;
   int64_t kind, stage_nodes, col_stage_nodes;
@@ -40,7 +35,6 @@ struct Args {
   // outputs, allocated by the caller (the edge ones where wanted)
   at::Tensor grad_query, grad_key, grad_value, grad_att;
   at::Tensor grad_edge_score, grad_edge_key, grad_edge_value;
-  at::Tensor grad_edge_attr, grad_edge_attr_mat;  // (with proj_x)
 };
 
 template <typename T> void run_bwd(Args& a);
@@ -252,41 +246,7 @@ void run_passes(Args& A, int optin) {
         r, A.rowptr, E, A.max_in_degree, A.windows, A.stage_nodes, optin,
         nullptr, fopt);
   };
-  if (A.proj_x.defined()) {
-    // (the forward took the short rows by the same rule; FEAT is none)
-    TORCH_CHECK(short_rows, "fused_attention_bwd: 'edge_attr' runs in the "
-                "short rows pass only; this graph / shape takes the block "
-                "passes");
-    if constexpr (KIND == kAdd && VEC && std::is_same_v<I, int32_t> &&
-                  FEAT == kFeatNone) {
-      const int64_t De = A.proj_x.size(1);
-      const int64_t blocks = short_blocks(n_dst, lanes, kShortThreads);
-      auto part = at::empty({std::max<int64_t>(blocks, 0), H * De}, fopt);
-      BwdArgs<T, I> rp = r;
-      rp.proj.x = A.proj_x.data_ptr<T>();
-      rp.proj.index = A.proj_index.defined()
-                          ? A.proj_index.data_ptr<int64_t>() : nullptr;
-      rp.proj.m = A.proj_m.data_ptr<T>();
-      rp.proj.fill_row = ptr(A.proj_fill_row);
-      rp.proj.loop_score = A.proj_loop_score.data_ptr<float>();
-      rp.proj.out = A.proj_out.data_ptr<T>();
-      rp.proj.loop_pos = A.proj_loop_pos.defined()
-                             ? A.proj_loop_pos.data_ptr<int64_t>() : nullptr;
-      rp.proj.grad_x = out_ptr(A.grad_edge_attr);
-      rp.proj.grad_m_part = part.data_ptr<float>();
-      rp.proj.n_in = A.proj_x.size(0);
-      rp.proj.De = (int)De;
-      rp.proj.fill = (int)A.proj_fill;
-      launch_short<T, I, KIND, VEC, kFeatProject, false>(rp, lanes);
-      if (blocks > 0)
-        A.grad_edge_attr_mat.copy_(part.sum(0).view({H, De}));
-      else
-        A.grad_edge_attr_mat.zero_();
-    } else {
-      TORCH_CHECK(false, "fused_attention_bwd: 'edge_attr' needs 'add', "
-                  "vector rows and int32 indices");
-    }
-  } else if (short_rows)
+  if (short_rows)
     launch_short<T, I, KIND, VEC, FEAT, false>(r, lanes);
   else if (kLanesOk && rows_lanes)
     rows(std::bool_constant<kLanesOk>{});

@@ -30,49 +30,15 @@ constexpr int kShortThreads = 256;
 // Resident blocks per SM the rows pass is held to (0: no bound): dropout
 // alone ('add') took 56 registers (4 blocks) against the plain pass's 46
 // (5); 48 without spill ('dot' spilled 88 bytes: unbounded).
-// The projected edge term (kFeatProject): 88 registers unbounded (two
-// blocks per SM); held to 3.
 template <int KIND, int FEAT, int VW>
 inline constexpr int kShortRowsMinBlocks =
-    FEAT == kFeatProject                              ? 3
-    : FEAT == kFeatDropout && KIND == kAdd && VW <= 4 ? 5
-                                                      : 0;
-
-// The projected edge term's d M (level kFeatProject): each lane's VW cells
-// (its head h, columns [xc, xc + VW): lane cells h F + xc + i) summed over
-// the warp's owners, then over the block's warps in a fixed order; one
-// [H, De] partial per block (the host sums them: deterministic). Every
-// thread of the block calls it.
-template <int VW>
-__device__ __forceinline__ void block_grad_m(float (&dm)[VW], int lanes,
-                                             int H, int F, int De,
-                                             float* __restrict__ part) {
-  constexpr int kWarps = kShortThreads / kWarpSize;
-  __shared__ float s_dm[kWarps][kWarpSize * 8];  // (H F <= 32 VW <= 256)
-  for (int o = lanes; o < kWarpSize; o <<= 1)
-#pragma unroll
-    for (int i = 0; i < VW; ++i)
-      dm[i] += __shfl_xor_sync(kFullMask, dm[i], o);
-  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  if (lane < lanes)
-#pragma unroll
-    for (int i = 0; i < VW; ++i) s_dm[warp][lane * VW + i] = dm[i];
-  __syncthreads();
-  for (int c = threadIdx.x; c < H * De; c += blockDim.x) {
-    const int h = c / De, at = h * F + (c - h * De);
-    float total = 0.f;
-    for (int w = 0; w < kWarps; ++w) total += s_dm[w][at];
-    part[(int64_t)blockIdx.x * H * De + c] = total;
-  }
-}
+    FEAT == kFeatDropout && KIND == kAdd && VW <= 4 ? 5 : 0;
 
 template <typename T, typename I, int KIND, int VW, int FEAT>
 __global__ void __launch_bounds__(kShortThreads,
                                   kShortRowsMinBlocks<KIND, FEAT, VW>)
     short_rows_bwd_kernel(BwdArgs<T, I> a, int lanes) {
   static_assert(KIND == kDot || KIND == kAdd, "short: 'dot' or 'add'");
-  constexpr bool kProj = FEAT == kFeatProject;
-  static_assert(!kProj || KIND == kAdd, "short: projected edge term: 'add'");
   const int H = a.H, F = a.F, HF = H * F;
   const OwnerLane o = owner_lane<VW>(lanes, a.n_owner, H, F);
   const int64_t row = o.owner;
@@ -117,59 +83,6 @@ __global__ void __launch_bounds__(kShortThreads,
   uint64_t seed, offset;
   drop_begin<FEAT>(a.drop, seed, offset);
   DropoutBatch<FEAT> drop(H, lanes);
-  // kProj (EdgeProj): this lane's columns [xc, xc + VW) of the edge
-  // attributes and of its head's row of M (xon: within De; off lanes of a
-  // head count H not a power of two hold zeros but take part in the sums
-  // over heads, and may write them: xcol), D_i from the output, and the
-  // loop edge taken first: its ds goes to the other edges' weights (fill 1
-  // / 2: the x it averages) or straight to d M (fill 3).
-  const EdgeProj<T>& pj = a.proj;
-  const int xcol = ((int)(threadIdx.x % kWarpSize) % lanes % G) * VW;
-  const bool xon = kProj && o.on && xcol < pj.De;
-  float pm[VW], dm[VW], d_row = 0.f, hand = 0.f;
-#pragma unroll
-  for (int i = 0; i < VW; ++i) pm[i] = dm[i] = 0.f;
-  if constexpr (kProj) {
-    if (xon) load_vec<T, VW>(pj.m + h * pj.De + xcol, pm);
-    const int64_t lp =
-        o.has && pj.loop_pos != nullptr ? pj.loop_pos[row] : -1;
-    const I jl = lp >= 0 ? a.idx[lp] : 0;
-    float ov[VW], vl[VW], khl = 0.f, esl = 0.f;
-#pragma unroll
-    for (int i = 0; i < VW; ++i) ov[i] = vl[i] = 0.f;
-    if (o.on) load_vec<T, VW>(pj.out + row * HF + o.c0, ov);
-    if (o.on && lp >= 0) {
-      load_vec<T, VW>(v_lane + (int64_t)jl * HF, vl);
-      khl = to_float(k_lane[(int64_t)jl * k_stride]);
-      esl = pj.loop_score[row * H + h];
-    }
-    float x[2] = {lane_dot<VW>(dout, ov), lane_dot<VW>(dout, vl)};
-    head_sums<2>(x, G);
-    d_row = x[0];
-    if (o.on && lp >= 0) {
-      const float z = qh + khl + esl, gz = leaky_relu_grad(z, a.slope);
-      const float p = one_edge ? 1.f : expf(leaky_relu(z, a.slope) - lse);
-      const float t = p * x[1];
-      dsum += t;
-      acc_a[0] += t * gz;
-      acc_b[0] += p * gz;
-      if (first)
-        a.ebuf[lp * H + h] =
-            make_float2(pack_item_p<KIND>(p, false, gz != 1.f), t);
-      const float ds = (t - p * d_row) * gz;
-      const int64_t others = ehi - elo - 1;
-      if (pj.fill == 1)
-        hand = others > 0 ? ds / (float)others : 0.f;
-      else if (pj.fill == 2)
-        hand = ds;
-      else if (pj.fill == 3 && xon) {
-        float fr[VW];
-        load_vec<T, VW>(pj.fill_row + xcol, fr);
-#pragma unroll
-        for (int i = 0; i < VW; ++i) dm[i] = fmaf(ds, fr[i], dm[i]);
-      }
-    }
-  }
   for (unsigned st = 0; st < steps;
        ++st, es_lane += lane_step, ebuf_lane += lane_step) {
     const int64_t e = elo + 2 * (int64_t)st;
@@ -191,21 +104,7 @@ __global__ void __launch_bounds__(kShortThreads,
       load_vec<T, VW>(v_lane + (int64_t)j1 * HF, v[1]);
     }
     float s[2], gz[2] = {1.f, 1.f}, dp[2], term[2] = {0.f, 0.f};
-    int64_t r[2] = {0, 0};
-    bool skip[2] = {false, false};  // kProj: the loop (taken up front)
-    float xv[2][VW];
-#pragma unroll
-    for (int i = 0; i < VW; ++i) xv[0][i] = xv[1][i] = 0.f;
-    if constexpr (kProj) {
-      r[0] = !one ? pj.n_in : pj.index != nullptr ? pj.index[e] : e;
-      r[1] = !two ? pj.n_in : pj.index != nullptr ? pj.index[e + 1] : e + 1;
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        skip[u] = r[u] >= pj.n_in;
-        if (xon && !skip[u])
-          load_vec<T, VW>(pj.x + r[u] * pj.De + xcol, xv[u]);
-      }
-    } else if (has_es && one) {
+    if (has_es && one) {
       term[0] = to_float(es_lane[0]);
       if (two) term[1] = to_float(es_lane[H]);
     }
@@ -222,14 +121,7 @@ __global__ void __launch_bounds__(kShortThreads,
       }
     } else {
       float x[2] = {lane_dot<VW>(dout, v[0]), lane_dot<VW>(dout, v[1])};
-      if constexpr (kProj) {  // the edges' es with their dp
-        float x4[4] = {lane_dot<VW>(pm, xv[0]), lane_dot<VW>(pm, xv[1]),
-                       x[0], x[1]};
-        head_sums<4>(x4, G);
-        term[0] = x4[0], term[1] = x4[1], x[0] = x4[2], x[1] = x4[3];
-      } else {
-        head_sums<2>(x, G);
-      }
+      head_sums<2>(x, G);
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
         const float z = qh + kh[u] + term[u];
@@ -240,11 +132,10 @@ __global__ void __launch_bounds__(kShortThreads,
     }
     float fu[2];
     drop.step(a.drop, seed, offset, elo, e, st, h, fu);
-    float w[2] = {0.f, 0.f};  // kProj: the edges' d es (+ the loop's share)
+    if (!one) continue;  // (this row is done; the shuffles above ran)
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
-      if (!one || (u == 1 && !two)) break;
-      if (kProj && skip[u]) continue;
+      if (u == 1 && !two) break;
       // out_i = sum_j f p_ij v_j: dL/dp_ij = f dp_ij (+ the returned
       // weights' own gradient)
       // (a one-edge row: exactly 1, whichever forward formed lse)
@@ -273,38 +164,8 @@ __global__ void __launch_bounds__(kShortThreads,
         ebuf_lane[u * H] = make_float2(
             pack_item_p<KIND>(p, f == 0.f, KIND == kAdd && gz[u] != 1.f),
             t);
-      if constexpr (kProj) w[u] = fmaf(t - p * d_row, gz[u], hand);
-    }
-    if constexpr (kProj) {
-      // d M += w x_p; d x_p = sum_h w_h M_h: a sum over the owner's heads
-      // (lanes G apart), the two edges' VW columns traded as it goes
-      constexpr int N = 2 * VW;
-      float g[N];
-#pragma unroll
-      for (int u = 0; u < 2; ++u)
-#pragma unroll
-        for (int i = 0; i < VW; ++i) {
-          dm[i] = fmaf(w[u], xv[u][i], dm[i]);
-          g[u * VW + i] = w[u] * pm[i];
-        }
-      const int L = lanes / G;
-      const int kept = strided_transpose_sum<N>(g, L, G);
-      if (o.has && xcol < pj.De && strided_writer(N, L, G)) {
-        const int item = strided_item<N>(L, G);
-#pragma unroll
-        for (int i = 0; i < N; ++i) {
-          if (i >= kept) break;
-          const int it = item + i, u = it / VW;
-          const int64_t ru = u == 0 ? r[0] : r[1];
-          if (ru < pj.n_in)
-            pj.grad_x[ru * pj.De + xcol + (it - u * VW)] =
-                from_float<T>(g[i]);
-        }
-      }
     }
   }
-  if constexpr (kProj) block_grad_m<VW>(dm, lanes, H, F, pj.De,
-                                        pj.grad_m_part);
   if (!o.on) return;
   if (first) a.drow[row * H + h] = dsum;
   // D * B rounded like A's products (no FMA contraction): a row whose

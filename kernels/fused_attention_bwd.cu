@@ -41,7 +41,7 @@ void check_shape(const at::Tensor& t, const char* name,
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
-           at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+           at::Tensor, at::Tensor>
 fused_attention_bwd_cuda(
     const at::Tensor& grad_out, const at::Tensor& rowptr, const at::Tensor& col,
     const at::Tensor& colptr, const at::Tensor& csc_row,
@@ -56,14 +56,7 @@ fused_attention_bwd_cuda(
     const c10::optional<at::Tensor>& edge_value, double dropout,
     const c10::optional<at::Tensor>& rng_state,
     const c10::optional<at::Tensor>& grad_alpha, int64_t attention,
-    const c10::optional<at::Tensor>& attention_perm, int64_t strategy,
-    const c10::optional<at::Tensor>& out,
-    const c10::optional<at::Tensor>& edge_attr,
-    const c10::optional<at::Tensor>& edge_attr_index,
-    const c10::optional<at::Tensor>& edge_attr_mat, int64_t edge_attr_fill,
-    const c10::optional<at::Tensor>& edge_attr_fill_row,
-    const c10::optional<at::Tensor>& edge_attr_loop_pos,
-    const c10::optional<at::Tensor>& edge_loop_score) {
+    const c10::optional<at::Tensor>& attention_perm, int64_t strategy) {
   using pyg_dfgnn::bwd::Args;
   TORCH_CHECK(kind >= 0 && kind <= 2, "fused_attention_bwd: unknown kind ",
               kind);
@@ -257,84 +250,6 @@ fused_attention_bwd_cuda(
   a.grad_edge_key = grad_of(ek);
   a.grad_edge_value = a.ekv_shared ? at::empty({0}, value.options())
                                    : grad_of(ev);
-  // GAT's edge term from the raw edge attributes (ops.h): the forward's
-  // inputs, its output and loop scores
-  a.grad_edge_attr = at::empty({0}, value.options());
-  a.grad_edge_attr_mat = at::empty({0}, value.options().dtype(at::kFloat));
-  if (edge_attr.has_value() && edge_attr->defined()) {
-    const at::Tensor& x = *edge_attr;
-    check_tensor(x, "edge_attr", dev);
-    TORCH_CHECK(kind == kAdd && !es.defined() && dropout == 0.0 &&
-                    !galpha.defined() && it == at::kInt &&
-                    strategy != 2 && strategy != 4,
-                "fused_attention_bwd: 'edge_attr' is for 'add' without "
-                "'edge_score', dropout or the weights' gradient, int32 "
-                "indices");
-    TORCH_CHECK(x.scalar_type() == dt && x.dim() == 2 && x.size(1) >= 1 &&
-                    x.size(1) <= F && aligned16(x) &&
-                    x.size(1) % (16 / (int64_t)value.element_size()) == 0,
-                "fused_attention_bwd: 'edge_attr' must be [E_in, De] as the "
-                "forward's");
-    const int64_t De = x.size(1);
-    TORCH_CHECK(out.has_value() && out->defined() &&
-                    edge_attr_mat.has_value() && edge_attr_mat->defined() &&
-                    edge_loop_score.has_value() && edge_loop_score->defined(),
-                "fused_attention_bwd: 'edge_attr' needs 'out', "
-                "'edge_attr_mat' and 'edge_loop_score'");
-    a.proj_out = aligned16_or_copy(out->contiguous());
-    check_tensor(a.proj_out, "out", dev);
-    check_shape(a.proj_out, "out", {n_dst, H, F});
-    TORCH_CHECK(a.proj_out.scalar_type() == dt,
-                "fused_attention_bwd: 'out' has value's dtype");
-    a.proj_m = aligned16_or_copy(*edge_attr_mat);
-    check_tensor(a.proj_m, "edge_attr_mat", dev);
-    check_shape(a.proj_m, "edge_attr_mat", {H, De});
-    TORCH_CHECK(a.proj_m.scalar_type() == dt,
-                "fused_attention_bwd: 'edge_attr_mat' has value's dtype");
-    a.proj_loop_score = *edge_loop_score;
-    check_tensor(a.proj_loop_score, "edge_loop_score", dev);
-    check_shape(a.proj_loop_score, "edge_loop_score", {n_dst, H});
-    TORCH_CHECK(edge_attr_fill >= 0 && edge_attr_fill <= 3,
-                "fused_attention_bwd: 'edge_attr_fill' must be 0-3");
-    if (edge_attr_index.has_value() && edge_attr_index->defined()) {
-      a.proj_index = *edge_attr_index;
-      check_tensor(a.proj_index, "edge_attr_index", dev);
-      TORCH_CHECK(a.proj_index.scalar_type() == at::kLong &&
-                      a.proj_index.numel() == E,
-                  "fused_attention_bwd: 'edge_attr_index' must be int64 [E]");
-    } else {
-      TORCH_CHECK(x.size(0) == E && edge_attr_fill == 0,
-                  "fused_attention_bwd: without 'edge_attr_index', "
-                  "'edge_attr' has one row per CSR edge and no fill");
-    }
-    if (edge_attr_fill != 0) {
-      TORCH_CHECK(edge_attr_loop_pos.has_value() &&
-                      edge_attr_loop_pos->defined(),
-                  "fused_attention_bwd: a fill needs 'edge_attr_loop_pos'");
-      a.proj_loop_pos = *edge_attr_loop_pos;
-      check_tensor(a.proj_loop_pos, "edge_attr_loop_pos", dev);
-      TORCH_CHECK(a.proj_loop_pos.scalar_type() == at::kLong &&
-                      a.proj_loop_pos.numel() == n_dst,
-                  "fused_attention_bwd: 'edge_attr_loop_pos' must be int64 "
-                  "[N_dst]");
-    }
-    if (edge_attr_fill == 3) {
-      TORCH_CHECK(edge_attr_fill_row.has_value() &&
-                      edge_attr_fill_row->defined() &&
-                      edge_attr_fill_row->numel() == De &&
-                      edge_attr_fill_row->scalar_type() == dt,
-                  "fused_attention_bwd: fill 3 needs 'edge_attr_fill_row' "
-                  "[De] in value's dtype");
-      a.proj_fill_row = aligned16_or_copy(edge_attr_fill_row->contiguous());
-    }
-    a.proj_x = x;
-    a.proj_fill = edge_attr_fill;
-    a.grad_edge_attr = at::empty({x.size(0), De}, value.options());
-    a.grad_edge_attr_mat = at::empty({H, De}, value.options().dtype(at::kFloat));
-    // (vector rows: the short passes read 16 bytes at a time)
-    for (at::Tensor* t : {&a.query, &a.key, &a.value, &a.grad_out})
-      *t = aligned16_or_copy(*t);
-  }
   // tensor-core windows (conditions: ops.h) after a TC (2) or SMMF (4)
   // forward: both save the same lse
   if (strategy == 2 || strategy == 4) {
@@ -360,16 +275,16 @@ fused_attention_bwd_cuda(
       default: pyg_dfgnn::bwd::run_tc_bwd<at::BFloat16>(a); break;
     }
     a.grad_att.zero_();
-    return {a.grad_query,      a.grad_key,       a.grad_value,
+    return {a.grad_query,      a.grad_key,      a.grad_value,
             a.grad_att,        a.grad_edge_score, a.grad_edge_key,
-            a.grad_edge_value, a.grad_edge_attr,  a.grad_edge_attr_mat};
+            a.grad_edge_value};
   }
   switch (dt) {
     case at::kFloat: pyg_dfgnn::bwd::run_bwd<float>(a); break;
     case at::kHalf: pyg_dfgnn::bwd::run_bwd<at::Half>(a); break;
     default: pyg_dfgnn::bwd::run_bwd<at::BFloat16>(a); break;
   }
-  return {a.grad_query,      a.grad_key,       a.grad_value,
+  return {a.grad_query,      a.grad_key,      a.grad_value,
           a.grad_att,        a.grad_edge_score, a.grad_edge_key,
-          a.grad_edge_value, a.grad_edge_attr,  a.grad_edge_attr_mat};
+          a.grad_edge_value};
 }

@@ -57,7 +57,7 @@ at::Tensor edge_input(const c10::optional<at::Tensor>& t, const char* name,
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 fused_attention_fwd_cuda(
     const at::Tensor& rowptr, const at::Tensor& col, int64_t kind,
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
@@ -67,12 +67,7 @@ fused_attention_fwd_cuda(
     const c10::optional<at::Tensor>& edge_score_opt,
     const c10::optional<at::Tensor>& edge_key_opt,
     const c10::optional<at::Tensor>& edge_value_opt, double dropout,
-    int64_t attention, const c10::optional<at::Tensor>& attention_perm_opt,
-    const c10::optional<at::Tensor>& edge_attr_opt,
-    const c10::optional<at::Tensor>& edge_attr_index_opt,
-    const c10::optional<at::Tensor>& edge_attr_mat_opt,
-    int64_t edge_attr_fill,
-    const c10::optional<at::Tensor>& edge_attr_fill_row_opt) {
+    int64_t attention, const c10::optional<at::Tensor>& attention_perm_opt) {
   TORCH_CHECK(kind >= 0 && kind <= 2, "fused_attention_fwd: unknown kind ",
               kind);
   const at::Device dev = value.device();
@@ -154,59 +149,6 @@ fused_attention_fwd_cuda(
                 "int64 permutation of the E edges");
   }
 
-  // GAT's edge term from the raw edge attributes (ops.h)
-  at::Tensor proj_x, proj_index, proj_m, proj_fill_row;
-  if (edge_attr_opt.has_value() && edge_attr_opt->defined()) {
-    proj_x = *edge_attr_opt;
-    check_cuda(proj_x, "edge_attr", dev);
-    const int pvw = 16 / (int)value.element_size();
-    TORCH_CHECK(kind == kAdd && !edge_score.defined() && dropout == 0.0 &&
-                    attention == 0 && col.scalar_type() == at::kInt &&
-                    (strategy == 0 || strategy == 4),
-                "fused_attention_fwd: 'edge_attr' is for 'add' without "
-                "'edge_score', dropout or attention weights, int32 'col', "
-                "SMMF");
-    TORCH_CHECK(proj_x.scalar_type() == dtype && proj_x.dim() == 2 &&
-                    proj_x.size(1) >= 1 && proj_x.size(1) % pvw == 0 &&
-                    proj_x.size(1) <= F && aligned16(proj_x),
-                "fused_attention_fwd: 'edge_attr' must be [E_in, De] in "
-                "value's dtype, 16-byte aligned, De a multiple of ", pvw,
-                " and <= F (got ", proj_x.sizes(), ")");
-    const int64_t De = proj_x.size(1);
-    TORCH_CHECK(edge_attr_mat_opt.has_value() && edge_attr_mat_opt->defined(),
-                "fused_attention_fwd: 'edge_attr' needs 'edge_attr_mat'");
-    proj_m = aligned16_or_copy(*edge_attr_mat_opt);
-    check_cuda(proj_m, "edge_attr_mat", dev);
-    TORCH_CHECK(proj_m.scalar_type() == dtype && proj_m.dim() == 2 &&
-                    proj_m.size(0) == H && proj_m.size(1) == De,
-                "fused_attention_fwd: 'edge_attr_mat' must be [H, De] in "
-                "value's dtype");
-    TORCH_CHECK(edge_attr_fill >= 0 && edge_attr_fill <= 3,
-                "fused_attention_fwd: 'edge_attr_fill' must be 0-3");
-    if (edge_attr_index_opt.has_value() && edge_attr_index_opt->defined()) {
-      proj_index = *edge_attr_index_opt;
-      check_cuda(proj_index, "edge_attr_index", dev);
-      TORCH_CHECK(proj_index.scalar_type() == at::kLong &&
-                      proj_index.numel() == n_edges,
-                  "fused_attention_fwd: 'edge_attr_index' must be int64 [E]");
-    } else {
-      TORCH_CHECK(proj_x.size(0) == n_edges && edge_attr_fill == 0,
-                  "fused_attention_fwd: without 'edge_attr_index', "
-                  "'edge_attr' has one row per CSR edge and no fill");
-    }
-    if (edge_attr_fill == 3) {
-      TORCH_CHECK(edge_attr_fill_row_opt.has_value() &&
-                      edge_attr_fill_row_opt->defined(),
-                  "fused_attention_fwd: fill 3 needs 'edge_attr_fill_row'");
-      proj_fill_row = aligned16_or_copy(*edge_attr_fill_row_opt);
-      check_cuda(proj_fill_row, "edge_attr_fill_row", dev);
-      TORCH_CHECK(proj_fill_row.scalar_type() == dtype &&
-                      proj_fill_row.numel() == De,
-                  "fused_attention_fwd: 'edge_attr_fill_row' must be [De] "
-                  "in value's dtype");
-    }
-  }
-
   const c10::cuda::CUDAGuard guard(dev);
   auto out = at::empty({n_dst, H, F}, value.options());
   auto lse = at::empty({n_dst, H}, value.options().dtype(at::kFloat));
@@ -214,8 +156,6 @@ fused_attention_fwd_cuda(
   auto alpha = at::empty({attention > 0 ? n_edges : 0, H}, value.options());
   auto rng_state = at::empty({dropout > 0.0 ? 2 : 0},
                              value.options().dtype(at::kLong));
-  auto loop_score = at::empty({proj_x.defined() ? n_dst : 0, H},
-                              value.options().dtype(at::kFloat));
   DropoutMask drop = dropout_mask(dropout);
   if (drop.active) {
     // Graph-safe under CUDA graph capture: the kernel unpacks the state.
@@ -225,7 +165,7 @@ fused_attention_fwd_cuda(
     drop.philox = gen->philox_cuda_state(4);
     drop.save = rng_state.data_ptr<int64_t>();
   }
-  if (n_dst == 0) return {out, lse, alpha, rng_state, loop_score};
+  if (n_dst == 0) return {out, lse, alpha, rng_state};
 
   if (max_in_degree < 0)
     max_in_degree = n_edges == 0 ? 0 : (rowptr.slice(0, 1) -
@@ -252,16 +192,6 @@ fused_attention_fwd_cuda(
            attention == 2, drop,
            kind, n_dst, n_edges, max_in_degree, H, D, F,
            qk_group, v_group, device_optin, 0, vec, scale, negative_slope};
-  if (proj_x.defined()) {
-    TORCH_CHECK(vec, "fused_attention_fwd: 'edge_attr' needs vector rows "
-                "(F a multiple of ", vw, ", 16-byte aligned inputs)");
-    L.proj_x = proj_x;
-    L.proj_index = proj_index;
-    L.proj_m = proj_m;
-    L.proj_fill_row = proj_fill_row;
-    L.proj_loop_score = loop_score;
-    L.proj_fill = edge_attr_fill;
-  }
   // tensor-core windows (asked for; 5: fp32 with 1xTF32 products)
   if (strategy == 2 || strategy == 3 || strategy == 5) {
     TORCH_CHECK(strategy != 5 || dtype == at::kFloat,
@@ -297,7 +227,7 @@ fused_attention_fwd_cuda(
       run_tc<at::Half>(L);
     else
       run_tc<at::BFloat16>(L);
-    return {out, lse, alpha, rng_state, loop_score};
+    return {out, lse, alpha, rng_state};
   }
   // SMMF needs int32 'col' and its per-warp scratch (query row, one chunk of
   // scores) in shared memory; anything else runs PMF. Graph-aligned windows
@@ -330,8 +260,6 @@ fused_attention_fwd_cuda(
   if (smmf && !L.windows.defined() &&
       smmf_launch_layout(L, 0, kSmmfPlainWarps).total > (size_t)device_optin)
     smmf = false;
-  TORCH_CHECK(smmf || !proj_x.defined(), "fused_attention_fwd: "
-              "'edge_attr' runs in the short-row kernels (SMMF's)");
   switch (dtype) {
     case at::kFloat: smmf ? run_smmf<float>(L) : run_pmf<float>(L); break;
     case at::kHalf:
@@ -344,5 +272,5 @@ fused_attention_fwd_cuda(
       TORCH_CHECK(false, "fused_attention_fwd: unsupported dtype ", dtype,
                   " (expected float32, float16 or bfloat16)");
   }
-  return {out, lse, alpha, rng_state, loop_score};
+  return {out, lse, alpha, rng_state};
 }

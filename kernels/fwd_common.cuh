@@ -100,7 +100,6 @@ struct FwdArgs {
   T* __restrict__ out;
   float* __restrict__ lse;
   EdgeTerms<T> et;
-  EdgeProj<T> proj;   // short rows, level kFeatProject (else zeros)
   DropoutMask drop;
   float* __restrict__ scores;  // SMMF: raw scores [E, H] (nullptr: not kept)
   int64_t n_dst;

@@ -50,10 +50,6 @@ struct Launch {
   bool vec;
   double scale, negative_slope;
   bool one_tf32 = false;  // TC, fp32: 1xTF32 products (strategy 5, opt-in)
-  // GAT's edge term from the raw edge attributes, in the short rows
-  // (EdgeProj, level kFeatProject; proj_x undefined: none)
-  at::Tensor proj_x, proj_index, proj_m, proj_fill_row, proj_loop_score;
-  int64_t proj_fill = 0;
 };
 
 template <typename Kernel>
@@ -99,18 +95,6 @@ FwdArgs<scalar_t, index_t> make_args(const Launch& L) {
   a.out = L.out.data_ptr<scalar_t>();
   a.lse = L.lse.data_ptr<float>();
   a.et = {ptr(L.edge_score), ptr(L.edge_key), ptr(L.edge_value)};
-  a.proj = {};
-  if (L.proj_x.defined()) {
-    a.proj.x = L.proj_x.data_ptr<scalar_t>();
-    a.proj.index = L.proj_index.defined() ? L.proj_index.data_ptr<int64_t>()
-                                          : nullptr;
-    a.proj.m = L.proj_m.data_ptr<scalar_t>();
-    a.proj.fill_row = ptr(L.proj_fill_row);
-    a.proj.loop_score = L.proj_loop_score.data_ptr<float>();
-    a.proj.n_in = L.proj_x.size(0);
-    a.proj.De = (int)L.proj_x.size(1);
-    a.proj.fill = (int)L.proj_fill;
-  }
   a.drop = L.drop;
   a.scores = nullptr;
   a.n_dst = L.n_dst;
@@ -183,12 +167,6 @@ void run_rows(const Launch& L) {
   const at::Tensor scores = scores_buffer(L);
   if (scores.defined()) a.scores = scores.data_ptr<float>();
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  if (L.proj_x.defined()) {  // (the host entry checked: 'add', no other)
-    rows_fwd_kernel<scalar_t, int32_t, kAdd, VW, kFeatProject>
-        <<<(unsigned)blocks, kThreads, 0, stream>>>(a, lanes);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    return;
-  }
   PYG_DFGNN_DISPATCH_KIND(L.kind, [&] {
     if constexpr (KIND != kGatv2) {
       // (levels 3 and 4 for both kinds: the weights without dropout's
@@ -215,10 +193,6 @@ void run_smmf(const Launch& L) {
     run_rows<scalar_t>(L);
     return;
   }
-  TORCH_CHECK(!L.proj_x.defined(), "fused_attention_fwd: the projected "
-              "edge term ('edge_attr') runs in the short-row kernels only; "
-              "this graph / shape takes the block kernels (ask for "
-              "pyg_dfgnn.ops.cuda.projection_fused first)");
   const bool windowed = L.windows.defined();
   const int warps = windowed ? kSmmfStagedWarps : kSmmfPlainWarps;
   const int64_t span = windowed ? L.stage_span : 0;

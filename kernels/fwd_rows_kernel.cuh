@@ -25,12 +25,9 @@ namespace fwd {
 // weights, 20 bytes and slower: gat-attn's forward 0.553 -> 0.594 ms).
 // Dropout alone ('add'): 61 registers, held to 5 with 12 bytes spilled
 // (one local access in the loop).
-// The projected edge term (kFeatProject): 48 registers at 5 spilled 28
-// bytes; held to 4.
 template <int KIND, int FEAT, int VW>
 inline constexpr int kRowsFwdMinBlocks =
-    FEAT == kFeatProject ? 4
-    : VW <= 4 && (FEAT == kFeatScore || (FEAT == kFeatDropout && KIND == kAdd))
+    VW <= 4 && (FEAT == kFeatScore || (FEAT == kFeatDropout && KIND == kAdd))
         ? 5
         : 0;
 
@@ -39,8 +36,6 @@ __global__ void __launch_bounds__(kThreads, kRowsFwdMinBlocks<KIND, FEAT, VW>)
     rows_fwd_kernel(FwdArgs<T, I> a, int lanes) {
   static_assert(KIND == kDot || KIND == kAdd, "rows: 'dot' or 'add'");
   static_assert(sizeof(I) == 4, "rows: int32 neighbour indices");
-  constexpr bool kProj = FEAT == kFeatProject;
-  static_assert(!kProj || KIND == kAdd, "rows: projected edge term: 'add'");
   const int H = a.H, F = a.F, HF = H * F;
   const OwnerLane o = owner_lane<VW>(lanes, a.n_dst, H, F);
   const int64_t row = o.owner;
@@ -70,28 +65,6 @@ __global__ void __launch_bounds__(kThreads, kRowsFwdMinBlocks<KIND, FEAT, VW>)
   DropoutBatch<FEAT> drop(H, lanes);
   const int64_t elo = has_row ? a.rowptr[row] : 0;
   const int64_t ehi = has_row ? a.rowptr[row + 1] : 0;
-  // kProj (EdgeProj): this lane's columns [xc, xc + VW) of the edge
-  // attributes (xc < De: De <= F, a multiple of VW) and of its head's row
-  // of M; the row's loop edge (index >= n_in) is left out of the walk and
-  // scored after it from the sum of the others' es.
-  const EdgeProj<T>& pj = a.proj;
-  const int xc = c0 - h * F;
-  const bool xon = kProj && on && xc < pj.De;
-  float pm[VW], es_sum = 0.f, fill_es = 0.f;
-#pragma unroll
-  for (int i = 0; i < VW; ++i) pm[i] = 0.f;
-  int64_t loop_e = -1;
-  int loop_j = 0;
-  if constexpr (kProj) {
-    if (xon) load_vec<T, VW>(pj.m + h * pj.De + xc, pm);
-    if (pj.fill == 3) {  // (warp-uniform)
-      float fr[VW];
-#pragma unroll
-      for (int i = 0; i < VW; ++i) fr[i] = 0.f;
-      if (xon) load_vec<T, VW>(pj.fill_row + xc, fr);
-      fill_es = group_sum(lane_dot<VW>(pm, fr), G);
-    }
-  }
   // the head's edge scores of this row, two per step (stepped whether or
   // not there are any: no null test in the loop)
   const bool has_es = es != nullptr && on;
@@ -126,29 +99,7 @@ __global__ void __launch_bounds__(kThreads, kRowsFwdMinBlocks<KIND, FEAT, VW>)
       load_vec<T, VW>(v_lane + (int64_t)j1 * HF, v1);
     }
     float t0 = 0.f, t1 = 0.f;
-    bool loop0 = false, loop1 = false;
-    if constexpr (kProj) {
-      const int64_t r0 = !one ? pj.n_in : pj.index != nullptr ? pj.index[e] : e;
-      const int64_t r1 = !two ? pj.n_in
-                         : pj.index != nullptr ? pj.index[e + 1] : e + 1;
-      loop0 = one && r0 >= pj.n_in;
-      loop1 = two && r1 >= pj.n_in;
-      float x0[VW], x1[VW];
-#pragma unroll
-      for (int i = 0; i < VW; ++i) x0[i] = x1[i] = 0.f;
-      if (xon && r0 < pj.n_in) load_vec<T, VW>(pj.x + r0 * pj.De + xc, x0);
-      if (xon && r1 < pj.n_in) load_vec<T, VW>(pj.x + r1 * pj.De + xc, x1);
-      float d[2] = {lane_dot<VW>(pm, x0), lane_dot<VW>(pm, x1)};
-      if constexpr (VW == 8) {
-        head_sums<2>(d, G);
-      } else {
-        d[0] = group_sum(d[0], G);
-        d[1] = group_sum(d[1], G);
-      }
-      t0 = d[0], t1 = d[1];
-      es_sum += (one && !loop0 ? t0 : 0.f) + (two && !loop1 ? t1 : 0.f);
-      if (loop0 || loop1) loop_e = loop0 ? e : e + 1, loop_j = loop0 ? j0 : j1;
-    } else if (has_es && one) {
+    if (has_es && one) {
       t0 = to_float(es_lane[0]);
       if (two) t1 = to_float(es_lane[H]);
     }
@@ -176,12 +127,7 @@ __global__ void __launch_bounds__(kThreads, kRowsFwdMinBlocks<KIND, FEAT, VW>)
     float f[2];
     drop.step(a.drop, seed, offset, elo, e, st, h, f);
     if (!one) continue;  // (this row is done; the shuffles above ran)
-    const float s1 = two && !loop1 ? s1r : -INFINITY;
-    if constexpr (kProj) {
-      if (loop0) s0 = -INFINITY;
-      if (loop0 && !two) continue;  // (nothing else in this step)
-      if (fmaxf(m, fmaxf(s0, s1)) == -INFINITY) continue;  // (loop1 alone)
-    }
+    const float s1 = two ? s1r : -INFINITY;
     if (sc_out != nullptr && on && c0 % F == 0) {  // the head's first lane
       sc_out[e * H + h] = s0;
       if (two) sc_out[(e + 1) * H + h] = s1;
@@ -196,25 +142,6 @@ __global__ void __launch_bounds__(kThreads, kRowsFwdMinBlocks<KIND, FEAT, VW>)
     m = m_new;
   }
   if (!on) return;
-  if constexpr (kProj) {
-    if (loop_e >= 0) {  // the loop, last: es from the row's other edges
-      const int64_t others = ehi - elo - 1;
-      const float es_loop =
-          pj.fill == 3   ? fill_es
-          : pj.fill == 1 ? (others > 0 ? es_sum / (float)others : 0.f)
-                         : es_sum;
-      const float s = score(loop_j, es_loop);
-      float vl[VW];
-      load_vec<T, VW>(v_lane + (int64_t)loop_j * HF, vl);
-      const float m_new = fmaxf(m, s);
-      const float corr = expf(m - m_new), p = expf(s - m_new);
-      l = fmaf(l, corr, p);
-#pragma unroll
-      for (int i = 0; i < VW; ++i) acc[i] = fmaf(p, vl[i], acc[i] * corr);
-      m = m_new;
-      if (c0 % F == 0) pj.loop_score[row * H + h] = es_loop;
-    }
-  }
   const float inv = 1.f / (l + 1e-16f);
 #pragma unroll
   for (int i = 0; i < VW; ++i) acc[i] *= inv;

@@ -40,19 +40,6 @@
 //     weights before / after dropout, as alpha [E, H] in value's dtype, row
 //     attention_perm[e] for CSR edge e (the user's edge order; identity
 //     without it). Absent outputs are empty tensors.
-//   GAT's edge term from the raw edge attributes ('add', instead of
-//   edge_score; EdgeProj in training_features.cuh): edge_attr [E_in, De]
-//   read by CSR edge p as row edge_attr_index[p] (undefined: p; >= E_in:
-//   the row's self-loop, filled by edge_attr_fill 1 mean / 2 sum / 3
-//   edge_attr_fill_row [De]), score term <edge_attr_mat[h], x_p>
-//   (edge_attr_mat [H, De]); De a multiple of the vector width and <= F,
-//   no dropout, no attention weights, and only where the short-row
-//   kernels take the graph (short_rows.cuh's rule; an error otherwise:
-//   the caller asks first, pyg_dfgnn/ops/cuda.py projection_fused). The
-//   forward returns the loops' score terms [N_dst, H] float32 (empty
-//   without edge_attr), which the backward takes with the output, the
-//   map's edge_attr_loop_pos [N_dst] (int64, -1: no loop) and returns
-//   d edge_attr [E_in, De] and d edge_attr_mat [H, De] (float32).
 #pragma once
 #include <ATen/ATen.h>
 #include <cstdint>
@@ -73,9 +60,8 @@ inline at::Tensor aligned16_or_copy(const at::Tensor& t) {
 }
 
 // -> (out [N_dst,H,F] in value's dtype, lse [N_dst,H] float32,
-//     alpha [E,H] (or [0,H]), rng_state int64 [2] (or [0]),
-//     edge_loop_score [N_dst,H] float32 (or [0]))
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+//     alpha [E,H] (or [0,H]), rng_state int64 [2] (or [0]))
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 fused_attention_fwd_cuda(
     const at::Tensor& rowptr, const at::Tensor& col, int64_t kind,
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
@@ -85,17 +71,12 @@ fused_attention_fwd_cuda(
     const c10::optional<at::Tensor>& edge_score,
     const c10::optional<at::Tensor>& edge_key,
     const c10::optional<at::Tensor>& edge_value, double dropout,
-    int64_t attention, const c10::optional<at::Tensor>& attention_perm,
-    const c10::optional<at::Tensor>& edge_attr,
-    const c10::optional<at::Tensor>& edge_attr_index,
-    const c10::optional<at::Tensor>& edge_attr_mat, int64_t edge_attr_fill,
-    const c10::optional<at::Tensor>& edge_attr_fill_row);
+    int64_t attention, const c10::optional<at::Tensor>& attention_perm);
 
 // -> (grad_query, grad_key, grad_value, grad_att (empty [0] unless gatv2),
 //     grad_edge_score, grad_edge_key, grad_edge_value (empty [0] for absent
 //     inputs; 'dot' with edge_key and edge_value the same tensor: their one
-//     gradient in grad_edge_key, grad_edge_value empty), grad_edge_attr,
-//     grad_edge_attr_mat (float32; both empty [0] without edge_attr)).
+//     gradient in grad_edge_key, grad_edge_value empty)).
 // grad_alpha: gradient of the forward's returned weights (attention 1 / 2,
 // same attention_perm), or None.
 // csc_perm: CSR edge id of each CSC entry. windows / stage_nodes: the
@@ -109,7 +90,7 @@ fused_attention_fwd_cuda(
 // and sources and no two windows share a source), else the rows / cols
 // passes.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
-           at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+           at::Tensor, at::Tensor>
 fused_attention_bwd_cuda(
     const at::Tensor& grad_out, const at::Tensor& rowptr, const at::Tensor& col,
     const at::Tensor& colptr, const at::Tensor& csc_row,
@@ -124,14 +105,7 @@ fused_attention_bwd_cuda(
     const c10::optional<at::Tensor>& edge_value, double dropout,
     const c10::optional<at::Tensor>& rng_state,
     const c10::optional<at::Tensor>& grad_alpha, int64_t attention,
-    const c10::optional<at::Tensor>& attention_perm, int64_t strategy,
-    const c10::optional<at::Tensor>& out,
-    const c10::optional<at::Tensor>& edge_attr,
-    const c10::optional<at::Tensor>& edge_attr_index,
-    const c10::optional<at::Tensor>& edge_attr_mat, int64_t edge_attr_fill,
-    const c10::optional<at::Tensor>& edge_attr_fill_row,
-    const c10::optional<at::Tensor>& edge_attr_loop_pos,
-    const c10::optional<at::Tensor>& edge_loop_score);
+    const c10::optional<at::Tensor>& attention_perm, int64_t strategy);
 
 // Raw edge attributes read through a CSR edge -> row map (edge_attr_rows.cu;
 // math in pyg_dfgnn/ops/edge_attr.py): for each CSR row i and edge p,
@@ -201,10 +175,8 @@ inline constexpr const char* kFusedAttentionFwdSchema =
     "float negative_slope, int strategy, int max_in_degree=-1, "
     "Tensor? windows=None, int stage_nodes=0, Tensor? edge_score=None, "
     "Tensor? edge_key=None, Tensor? edge_value=None, float dropout=0., "
-    "int attention=0, Tensor? attention_perm=None, Tensor? edge_attr=None, "
-    "Tensor? edge_attr_index=None, Tensor? edge_attr_mat=None, "
-    "int edge_attr_fill=0, Tensor? edge_attr_fill_row=None) "
-    "-> (Tensor, Tensor, Tensor, Tensor, Tensor)";
+    "int attention=0, Tensor? attention_perm=None) "
+    "-> (Tensor, Tensor, Tensor, Tensor)";
 inline constexpr const char* kFusedAttentionBwdSchema =
     "fused_attention_bwd(Tensor grad_out, Tensor rowptr, Tensor col, "
     "Tensor colptr, Tensor csc_row, Tensor csc_perm, int kind, "
@@ -214,10 +186,5 @@ inline constexpr const char* kFusedAttentionBwdSchema =
     "int max_in_degree=-1, int max_out_degree=-1, Tensor? edge_score=None, "
     "Tensor? edge_key=None, Tensor? edge_value=None, float dropout=0., "
     "Tensor? rng_state=None, Tensor? grad_alpha=None, int attention=0, "
-    "Tensor? attention_perm=None, int strategy=0, Tensor? out=None, "
-    "Tensor? edge_attr=None, Tensor? edge_attr_index=None, "
-    "Tensor? edge_attr_mat=None, int edge_attr_fill=0, "
-    "Tensor? edge_attr_fill_row=None, Tensor? edge_attr_loop_pos=None, "
-    "Tensor? edge_loop_score=None) "
-    "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, "
-    "Tensor)";
+    "Tensor? attention_perm=None, int strategy=0) "
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)";

@@ -188,51 +188,6 @@ __device__ __forceinline__ void head_sums(float (&x)[N], int G) {
   }
 }
 
-// N values per lane summed over the L groups of lanes `stride` apart that
-// hold one owner's heads (L, stride powers of two; the lanes of a head are
-// `stride` consecutive ones): transpose_sum's butterfly on the lane bits
-// stride .. stride * L / 2 -- d x of GAT's projected edge term, a sum over
-// the heads per (edge, column). Returns the sums this lane keeps
-// (transpose_count<N>(L)): items strided_item<N>(...) + i; for L > N the
-// L / N groups that share an item hold the same sums. Every lane calls it.
-template <int N>
-__device__ __forceinline__ int strided_transpose_sum(float (&v)[N], int L,
-                                                     int stride) {
-  const int lane = threadIdx.x % kWarpSize;
-#pragma unroll
-  for (int step = 0; (N >> step) > 1; ++step) {
-    const int half = (N / 2) >> step, o = (L >> (step + 1)) * stride;
-    if (o >= 1) {
-      const bool hi = (lane & o) != 0;
-#pragma unroll
-      for (int i = 0; i < half; ++i) {
-        const float send = hi ? v[i] : v[i + half];
-        const float keep = hi ? v[i + half] : v[i];
-        v[i] = keep + __shfl_xor_sync(kFullMask, send, o);
-      }
-    }
-  }
-  for (int o = L / (2 * N); o >= 1; o /= 2)
-    v[0] += __shfl_xor_sync(kFullMask, v[0], o * stride);
-  return transpose_count<N>(L);
-}
-template <int N>
-__device__ __forceinline__ int strided_item(int L, int stride) {
-  const int lane = threadIdx.x % kWarpSize;
-  int item = 0;
-#pragma unroll
-  for (int step = 0; (N >> step) > 1; ++step) {
-    const int o = (L >> (step + 1)) * stride;
-    if (o >= 1 && (lane & o) != 0) item += (N / 2) >> step;
-  }
-  return item;
-}
-// Whether this lane writes its sums (one group per item).
-__device__ __forceinline__ bool strided_writer(int N, int L, int stride) {
-  const int lane = threadIdx.x % kWarpSize;
-  return L <= N || ((lane / stride) & (L / N - 1)) == 0;
-}
-
 // Owners of one block of `threads` (kWarpSize / lanes per warp).
 inline int64_t short_blocks(int64_t n_owner, int lanes, int threads) {
   const int64_t per_block = (int64_t)(threads / kWarpSize) * (kWarpSize / lanes);

@@ -111,48 +111,18 @@ struct DropoutMask {
 // over plain in session 16 -- and the SMMF forward and block backward
 // passes of 'add' / 'dot': at the all level the rows pass could not take
 // its key-row lanes, session 20; GATv2 takes the all level).
-// Level 5, GAT's edge term projected in the short kernels (EdgeProj
-// below), is asked for by the host explicitly, never by feature_level.
 constexpr int kFeatNone = 0, kFeatScore = 1, kFeatAll = 2, kFeatWeights = 3,
-              kFeatDropout = 4, kFeatProject = 5;
-// What a level compiles in: the edge score (read from es [E, H]); the
-// weights (raw scores out, their gradient in); dropout; edge keys / values.
+              kFeatDropout = 4;
+// What a level compiles in: the edge score; the weights (raw scores out,
+// their gradient in); dropout; edge keys / values.
 template <int FEAT>
-inline constexpr bool kHasScore =
-    FEAT == kFeatScore || FEAT == kFeatAll || FEAT == kFeatWeights;
+inline constexpr bool kHasScore = FEAT != kFeatNone && FEAT != kFeatDropout;
 template <int FEAT>
 inline constexpr bool kHasWeights = FEAT == kFeatAll || FEAT == kFeatWeights;
 template <int FEAT>
 inline constexpr bool kHasDropout = FEAT == kFeatAll || FEAT == kFeatDropout;
 template <int FEAT>
 inline constexpr bool kHasEdgeKV = FEAT == kFeatAll;
-// GAT's edge term read from the user's raw edge attributes inside the
-// short kernels ('add', level kFeatProject): es_ph = <M_h, x_p>, x_p =
-// x[index[p]] (index null: row p), a row's self-loop (index >= n_in) x =
-// the mean (fill 1) / sum (fill 2) of its other x, or fill_row (fill 3) --
-// by linearity es_loop is the mean / sum of the row's other es, so the
-// forward scores the loop last and keeps es_loop [N, H] for the backward.
-// The backward's rows pass takes D_i = <dO_i, O_i> from the output up
-// front, the loop edge first, and then every edge's ds, d x_p = sum_h
-// (ds_ph + share ds_loop,h) M_h (the loop's gradient handed to the x it
-// averages) and d M (per-block partials [blocks, H * De]). Instead of an
-// [E, H] es written, read twice and its gradient written and read again
-// by separate kernels (NOTES "Issue 9's gat-edge: the fused design").
-template <typename T>
-struct EdgeProj {
-  const T* __restrict__ x;             // [n_in, De] (16-byte rows)
-  const int64_t* __restrict__ index;   // [E] CSR edge -> row of x
-  const T* __restrict__ m;             // [H, De]
-  const T* __restrict__ fill_row;      // [De] (fill 3)
-  float* __restrict__ loop_score;      // [N, H]: forward writes, bwd reads
-  const T* __restrict__ out;           // backward: the forward's output
-  const int64_t* __restrict__ loop_pos;  // backward: [N] loop edge or -1
-  T* __restrict__ grad_x;              // backward: [n_in, De]
-  float* __restrict__ grad_m_part;     // backward: [blocks, H * De]
-  int64_t n_in;
-  int De, fill;
-};
-
 // Host: a call's level from what it has on (`weights`: attention weights
 // returned or their gradient). Kernels without a level's instantiation
 // take kFeatAll (PYG_DFGNN_DISPATCH_FEAT).

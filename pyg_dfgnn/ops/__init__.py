@@ -22,7 +22,7 @@ CUDA tensors run the fused kernels, edge terms, attention dropout and the
 attention weights included; CPU tensors (and float64) run
 :mod:`pyg_dfgnn.ops.reference`.
 """
-from typing import Any, Optional, Tuple, Union
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -164,7 +164,6 @@ def fused_attention(
     return_attention: bool = False,
     attention_after_dropout: bool = True,
     attention_perm: Optional[Tensor] = None,
-    edge_attr_score: Optional[Tuple[Any, Tensor, Tensor]] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     r"""Fused SDDMM -> edge softmax -> SpMM over ``graph``'s CSR.
 
@@ -193,39 +192,12 @@ def fused_attention(
         attention_perm (Tensor, optional): CSR edge ``e``'s weights go to
             row ``attention_perm[e]`` of alpha (the kernels write them there
             directly); CSR order without it.
-        edge_attr_score (tuple, optional): ``(emap, edge_attr, mat)``
-            (``'add'``, instead of ``edge_score``): the score term
-            :math:`\langle \mathbf{M}_h, \mathbf{x}_p \rangle` of CSR
-            edge ``p`` with :math:`\mathbf{x}_p` read from the user's
-            ``edge_attr`` [E_in, D_e] through the
-            :class:`~pyg_dfgnn.ops.edge_attr.EdgeAttrMap` ``emap`` and
-            ``mat`` [H, D_e] (GAT's edge term). On CUDA the short-row kernels
-            form it themselves where they take the shapes (no [E, H] score,
-            no separate edge kernels); elsewhere it is
-            :func:`~pyg_dfgnn.ops.edge_attr.edge_attr_dots` first.
 
     Edge tensors are in CSR order (``graph.perm`` maps to input order).
     ``dropout`` draws its mask from PyTorch's CUDA generator
     (``torch.manual_seed`` reproduces it) on CUDA, from ``F.dropout`` on the
     CPU.
     """
-    if edge_attr_score is not None:
-        if kind != 'add' or edge_score is not None:
-            raise ValueError("'edge_attr_score' is an 'add' score term, "
-                             "instead of 'edge_score'")
-        emap, ea, mat = edge_attr_score
-        if not isinstance(mat, Tensor) or mat.dim() != 2 or \
-                mat.shape != (value.size(1), ea.size(-1)):
-            raise ValueError(f"'edge_attr_score''s matrix must have shape "
-                             f"[H, D_e] = [{value.size(1)}, {ea.size(-1)}]")
-        if not (value.is_cuda and _cuda.available() and
-                (dropout if training else 0.0) < 1.0):  # (the reference)
-            from pyg_dfgnn.ops.edge_attr import edge_attr_dots
-            dtype = torch.promote_types(ea.dtype, mat.dtype)
-            edge_score = edge_attr_dots(emap, ea.to(dtype),
-                                        mat.to(dtype).unsqueeze(0)).to(
-                                            value.dtype)
-            edge_attr_score = None
     check_inputs(graph, kind, value, query, key, att, edge_score, edge_key,
                  edge_value)
     if not 0.0 <= dropout <= 1.0:
@@ -255,8 +227,7 @@ def fused_attention(
         result = _cuda.fused_attention_cuda(
             graph, kind, value, query, key, att, scale, negative_slope,
             edge_score=edge_score, edge_key=edge_key, edge_value=edge_value,
-            dropout=drop, attention=attention, attention_perm=attention_perm,
-            edge_attr_score=edge_attr_score)
+            dropout=drop, attention=attention, attention_perm=attention_perm)
         if value.size(-1) == f_out:
             return result
         if return_attention:

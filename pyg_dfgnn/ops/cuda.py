@@ -18,7 +18,6 @@ generator; the forward returns its ``(seed, offset)``, the backward
 regenerates the mask) and the attention weights, written by the forward only
 when asked, in the user's edge order.
 """
-import os
 from typing import Optional, Tuple
 
 import torch
@@ -85,18 +84,14 @@ def available() -> bool:
 def _fwd_fake(rowptr, col, kind, query, key, value, att, scale,
               negative_slope, strategy, max_in_degree=-1, windows=None,
               stage_nodes=0, edge_score=None, edge_key=None, edge_value=None,
-              dropout=0.0, attention=0, attention_perm=None, edge_attr=None,
-              edge_attr_index=None, edge_attr_mat=None, edge_attr_fill=0,
-              edge_attr_fill_row=None):
+              dropout=0.0, attention=0, attention_perm=None):
     n_dst, heads = rowptr.shape[0] - 1, value.shape[1]
     out = value.new_empty((n_dst, heads, value.shape[2]))
     lse = value.new_empty((n_dst, heads), dtype=torch.float32)
     alpha = value.new_empty((col.shape[0] if attention else 0, heads))
     rng_state = value.new_empty((2 if dropout > 0 else 0, ),
                                 dtype=torch.int64)
-    loop_score = value.new_empty((n_dst if edge_attr is not None else 0,
-                                  heads), dtype=torch.float32)
-    return out, lse, alpha, rng_state, loop_score
+    return out, lse, alpha, rng_state
 
 
 def _bwd_fake(grad_out, rowptr, col, colptr, csc_row, csc_perm, kind, query,
@@ -105,22 +100,16 @@ def _bwd_fake(grad_out, rowptr, col, colptr, csc_row, csc_perm, kind, query,
               max_in_degree=-1, max_out_degree=-1, edge_score=None,
               edge_key=None, edge_value=None, dropout=0.0, rng_state=None,
               grad_alpha=None, attention=0, attention_perm=None,
-              strategy=0, out=None, edge_attr=None, edge_attr_index=None,
-              edge_attr_mat=None, edge_attr_fill=0, edge_attr_fill_row=None,
-              edge_attr_loop_pos=None, edge_loop_score=None):
+              strategy=0):
     def grad_of(t):
         return torch.empty_like(t) if t is not None else \
             value.new_empty((0, ))
 
     shared = kind == KIND_IDS['dot'] and edge_key is not None and \
         edge_key is edge_value
-    grad_mat = value.new_empty((0, ), dtype=torch.float32) \
-        if edge_attr_mat is None else \
-        edge_attr_mat.new_empty(edge_attr_mat.shape, dtype=torch.float32)
     return (torch.empty_like(query), torch.empty_like(key),
             torch.empty_like(value), grad_of(att), grad_of(edge_score),
-            grad_of(edge_key), grad_of(None if shared else edge_value),
-            grad_of(edge_attr), grad_mat)
+            grad_of(edge_key), grad_of(None if shared else edge_value))
 
 
 def _fused_fake(rowptr, col, colptr, csc_row, csc_perm, kind, query, key,
@@ -441,114 +430,6 @@ def bwd_plan_args(plan: Plan) -> tuple:
 #: ``attention`` argument of the ops: no weights, before / after dropout.
 ATTENTION_IDS = {None: 0, 'before_dropout': 1, 'after_dropout': 2}
 
-#: The short-row kernels' rule (kernels/short_rows.cuh, feature_lanes.cuh),
-#: mirrored for projection_fused: the projected edge term runs there only.
-SHORT_NARROW_HEAD_LANES, SHORT_NARROW_MAX_DEGREE = 4, 256
-SHORT_MAX_DEGREE, LANES_MIN_DEGREE = 64, 16
-_WARP = 32
-
-
-def _short_rows_taken(n_dst: int, n_edges: int, max_in_degree: int,
-                      head_lanes: int) -> bool:
-    """short_owners (kernels/short_rows.cuh) for the CSR rows."""
-    mode = os.environ.get('PYG_DFGNN_SHORT_ROWS', '')[:1] or 'a'
-    if mode == '0':
-        return False
-    if mode == '1':
-        return True
-    if max_in_degree < 0:
-        return False
-    if head_lanes <= SHORT_NARROW_HEAD_LANES and \
-            max_in_degree <= SHORT_NARROW_MAX_DEGREE:
-        return True
-    return max_in_degree <= SHORT_MAX_DEGREE and \
-        n_edges < LANES_MIN_DEGREE * n_dst
-
-
-def _aligned(t: Tensor) -> bool:
-    return t.numel() == 0 or t.data_ptr() % 16 == 0
-
-
-def projection_fused(graph, plan: Plan, value: Tensor, query: Tensor,
-                     key: Tensor, edge_attr: Tensor) -> bool:
-    """Whether GAT's edge term <M_h, x_p> is formed inside the short-row
-    kernels from the raw ``edge_attr`` (EdgeProj, kernels/ops.h) for an
-    'add' call without dropout or attention weights: vector rows, ``De`` a
-    multiple of the vector width and at most F, int32 indices, SMMF, the
-    short rows by their rule and the backward's (p, t) buffer stored. Else
-    the edge term is an [E, H] score from the edge-attribute kernels
-    (``PYG_DFGNN_EDGE_PROJECT=0``, read per call, asks for that: A / B
-    benchmarks)."""
-    if os.environ.get('PYG_DFGNN_EDGE_PROJECT', '') == '0':
-        return False
-    if value.dtype not in _KERNEL_DTYPES or edge_attr.dtype != value.dtype:
-        return False
-    vw = 16 // value.element_size()
-    heads, f_out = value.shape[1], value.shape[2]
-    head_lanes = f_out // vw
-    if f_out % vw or heads * f_out > _WARP * vw or \
-            head_lanes & (head_lanes - 1):
-        return False
-    de = edge_attr.shape[1]
-    if de == 0 or de % vw or de > f_out or graph.col.dtype != torch.int32:
-        return False
-    if not all(_aligned(t) for t in (value, edge_attr)):
-        return False
-    if plan[0] not in (0, 4):
-        return False
-    store_mb = float(os.environ.get('PYG_DFGNN_BWD_STORE_MB', '') or 512)
-    if graph.num_edges * heads * 8 > store_mb * 1024 * 1024:
-        return False
-    return _short_rows_taken(graph.num_dst, graph.num_edges, plan[1],
-                             head_lanes)
-
-
-class _ProjectedEdgeScore(torch.autograd.Function):
-    """'add' attention whose edge term <M_h, x_p> the short-row kernels
-    form from the raw edge attributes (kernels/ops.h, EdgeProj): no [E, H]
-    score and no separate edge kernels in either direction. Saves the
-    output (the backward's D_i = <dO_i, O_i>): editing it in place before
-    the backward is an autograd error, as for other ops that save their
-    output."""
-
-    @staticmethod
-    def forward(ctx, query, key, value, edge_attr, mat, graph, plan, emap,
-                fill_row, negative_slope):
-        from pyg_dfgnn.ops.edge_attr import FILL_IDS
-        fill = FILL_IDS[emap.fill]
-        out, lse, _, _, loop_score = torch.ops.pyg_dfgnn.fused_attention_fwd(
-            graph.rowptr, graph.col, KIND_IDS['add'], query, key, value,
-            None, 1.0, negative_slope, plan[0], plan[1], plan[2], plan[3],
-            None, None, None, 0.0, 0, None, edge_attr, emap.index, mat, fill,
-            fill_row)
-        ctx.save_for_backward(query, key, value, edge_attr, mat, out, lse,
-                              loop_score)
-        ctx.graph, ctx.plan, ctx.emap = graph, plan, emap
-        ctx.fill, ctx.fill_row, ctx.slope = fill, fill_row, negative_slope
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        from pyg_dfgnn.ops.edge_attr import zero_unused_rows
-        query, key, value, edge_attr, mat, out, lse, loop_score = \
-            ctx.saved_tensors
-        graph, plan, emap = ctx.graph, ctx.plan, ctx.emap
-        colptr, csc_row, csc_perm = graph.csc()
-        grads = torch.ops.pyg_dfgnn.fused_attention_bwd(
-            grad_out.contiguous(), graph.rowptr, graph.col, colptr, csc_row,
-            csc_perm, KIND_IDS['add'], query, key, value, None, lse, 1.0,
-            ctx.slope, *bwd_plan_args(plan), None, None, None, 0.0, None,
-            None, 0, None, plan[0], out, edge_attr, emap.index, mat,
-            ctx.fill, ctx.fill_row, emap.loop_pos, loop_score)
-        gq, gk, gv, g_x, g_m = grads[0], grads[1], grads[2], grads[7], \
-            grads[8]
-        zero_unused_rows(emap, g_x)
-        needs = ctx.needs_input_grad
-        return (gq if needs[0] else None, gk if needs[1] else None,
-                gv if needs[2] else None, g_x if needs[3] else None,
-                g_m.to(mat.dtype) if needs[4] else None, None, None, None,
-                None, None)
-
 
 def fused_attention_cuda(graph, kind: str, value: Tensor, query: Tensor,
                          key: Tensor, att: Optional[Tensor], scale: float,
@@ -559,8 +440,7 @@ def fused_attention_cuda(graph, kind: str, value: Tensor, query: Tensor,
                          edge_value: Optional[Tensor] = None,
                          dropout: float = 0.0,
                          attention: Optional[str] = None,
-                         attention_perm: Optional[Tensor] = None,
-                         edge_attr_score: Optional[tuple] = None):
+                         attention_perm: Optional[Tensor] = None):
     """Fused attention on CUDA tensors (inputs already validated by
     :func:`pyg_dfgnn.ops.check_inputs`). ``strategy`` overrides the SMMF /
     PMF rule (``'smmf'`` or ``'pmf'``; tests use it) or asks for the
@@ -572,12 +452,6 @@ def fused_attention_cuda(graph, kind: str, value: Tensor, query: Tensor,
     ``dropout`` is the active drop probability (0 outside training);
     ``attention`` (``'before_dropout'`` / ``'after_dropout'``) also returns
     the weights [E, H], row ``attention_perm[e]`` for CSR edge ``e``.
-    ``edge_attr_score`` (``(emap, edge_attr, mat)``, 'add', instead of
-    ``edge_score``): the score term :math:`\\langle M_h, x_p \\rangle` of
-    the raw edge attributes read through an
-    :class:`~pyg_dfgnn.ops.edge_attr.EdgeAttrMap` (GAT's edge term), formed
-    inside the kernels where :func:`projection_fused` says they take it,
-    else by :func:`~pyg_dfgnn.ops.edge_attr.edge_attr_dots` first.
     Returns ``out``, or ``(out, alpha)`` when ``attention`` is set."""
     if kind not in KIND_IDS:
         raise ValueError(f"'kind' must be one of {tuple(KIND_IDS)} "
@@ -586,18 +460,6 @@ def fused_attention_cuda(graph, kind: str, value: Tensor, query: Tensor,
     if attention not in ATTENTION_IDS:
         raise ValueError(f"'attention' must be one of "
                          f"{tuple(ATTENTION_IDS)} (got {attention!r})")
-    if edge_attr_score is not None:
-        out = _edge_attr_score_call(graph, kind, value, query, key,
-                                    negative_slope, strategy, dropout,
-                                    attention, edge_attr_score)
-        if out is not None:
-            return out
-        from pyg_dfgnn.ops.edge_attr import edge_attr_dots
-        emap, edge_attr, mat = edge_attr_score
-        dtype = torch.promote_types(edge_attr.dtype, mat.dtype)
-        edge_score = edge_attr_dots(emap, edge_attr.to(dtype),
-                                    mat.to(dtype).unsqueeze(0)).to(
-                                        value.dtype)
     if value.dtype == torch.float64:  # no fp64 kernels: the exact reference
         from pyg_dfgnn.ops.reference import fused_attention_reference
         out, alpha = fused_attention_reference(
@@ -639,28 +501,3 @@ def fused_attention_cuda(graph, kind: str, value: Tensor, query: Tensor,
                         edge_value, float(dropout), ATTENTION_IDS[attention],
                         attention_perm)
     return out if attention is None else (out, alpha)
-
-
-def _edge_attr_score_call(graph, kind, value, query, key, negative_slope,
-                          strategy, dropout, attention,
-                          edge_attr_score) -> Optional[Tensor]:
-    """The projected edge term's call (_ProjectedEdgeScore), or ``None``
-    where the kernels do not take it."""
-    emap, edge_attr, mat = edge_attr_score
-    if kind != 'add' or dropout > 0 or attention is not None or \
-            strategy not in (None, SMMF) or value.dtype == torch.float64:
-        return None
-    if not _registered and not available():
-        raise RuntimeError('pyg_dfgnn CUDA kernels are not available')
-    backward = torch.is_grad_enabled() and any(
-        t.requires_grad for t in (value, query, key, edge_attr, mat))
-    plan = _plan(graph, kind, query, value, strategy, backward, True)
-    edge_attr = edge_attr.to(value.dtype).contiguous()
-    if not projection_fused(graph, plan, value, query, key, edge_attr):
-        return None
-    fill_row = emap.fill_row.to(value.dtype) if emap.fill_row is not None \
-        else None
-    return _ProjectedEdgeScore.apply(
-        query.contiguous(), key.contiguous(), value.contiguous(), edge_attr,
-        mat.to(value.dtype).contiguous(), graph, plan, emap, fill_row,
-        float(negative_slope))

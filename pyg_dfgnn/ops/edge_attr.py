@@ -162,7 +162,7 @@ def edge_attr_sums_reference(emap: EdgeAttrMap, edge_attr: Tensor,
     return out.index_add(0, emap.row(), msg)
 
 
-def zero_unused_rows(emap: EdgeAttrMap, grad_x: Tensor) -> None:
+def _zero_unused_rows(emap: EdgeAttrMap, grad_x: Tensor) -> None:
     # The kernels write d edge_attr only for the rows an edge reads; the
     # others (input self-loops the format removed) are zeroed alone, after.
     if emap.unused_rows:
@@ -177,7 +177,7 @@ def _rows_op(emap: EdgeAttrMap, edge_attr: Tensor, node_mat, edge_weight,
         FILL_IDS[emap.fill], emap.fill_row, node_mat, edge_weight, dots, sums,
         scatter, emap.loop_pos, emap.edge_row, node_mat2, edge_weight2)
     if scatter:
-        zero_unused_rows(emap, out[2])
+        _zero_unused_rows(emap, out[2])
     return out
 
 
@@ -338,7 +338,7 @@ def _project_op(emap: EdgeAttrMap, edge_attr: Tensor, weight: Tensor,
         FILL_IDS[emap.fill], fill_row, weight, grad, emap.loop_pos,
         emap.edge_row)
     if grad is not None:
-        zero_unused_rows(emap, out[1])
+        _zero_unused_rows(emap, out[1])
     return out
 
 

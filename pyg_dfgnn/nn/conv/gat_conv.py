@@ -24,7 +24,7 @@ from pyg_dfgnn.nn.conv.utils import (
     split_node_features,
 )
 from pyg_dfgnn.ops import fused_attention
-from pyg_dfgnn.ops.edge_attr import supported
+from pyg_dfgnn.ops.edge_attr import edge_attr_dots, supported
 
 
 class DFGATConv(FusedMessagePassing):
@@ -265,10 +265,8 @@ class DFGATConv(FusedMessagePassing):
                 alpha_dst = node_scores(x_dst, self.att_dst, degree)
 
         edge_score: Optional[Tensor] = None
-        edge_attr_score = None
         if edge_attr is not None and self.lin_edge is not None:
-            edge_score, edge_attr_score = self._edge_score(
-                structure, edge_index, edge_attr)
+            edge_score = self._edge_score(structure, edge_index, edge_attr)
 
         dtype = op_dtype(x_src, alpha_dst, alpha_src, edge_score)
         x_src, alpha_dst, alpha_src, edge_score = cast(
@@ -278,8 +276,7 @@ class DFGATConv(FusedMessagePassing):
             negative_slope=self.negative_slope, edge_score=edge_score,
             dropout=self.dropout, training=self.training,
             return_attention=bool(return_attention_weights),
-            attention_perm=structure.graph.perm,
-            edge_attr_score=edge_attr_score)
+            attention_perm=structure.graph.perm)
         out, alpha = result if return_attention_weights else (result, None)
 
         if self.concat:
@@ -295,11 +292,8 @@ class DFGATConv(FusedMessagePassing):
         return out
 
     def _edge_score(self, structure: Any, adj: Any,
-                    edge_attr: Tensor) -> Tuple[Optional[Tensor], Any]:
-        """The edge term a_e^T Theta_e e_ij: an [E, H] score in CSR
-        order, or ``(emap, edge_attr, M)`` for the op to form it from the
-        raw attributes (:func:`~pyg_dfgnn.ops.fused_attention`'s
-        ``edge_attr_score``); the other one ``None``."""
+                    edge_attr: Tensor) -> Tensor:
+        """The edge term a_e^T Theta_e e_ij [E, H] in CSR order."""
         H, C = self.heads, self.out_channels
         if isinstance(edge_attr, Tensor) and edge_attr.dim() == 1:
             edge_attr = edge_attr.view(-1, 1)
@@ -308,7 +302,7 @@ class DFGATConv(FusedMessagePassing):
                 return (self.lin_edge(e).view(-1, H, C) *
                         self.att_edge).sum(dim=-1)
             return structure.edge_attr(adj, edge_attr, self.fill_value,
-                                       project=project), None
+                                       project=project)
         # e @ (Theta_e^T a_e): the attention vector folded into the weight
         # instead of materialising [E, H, C]
         weight = self.lin_edge.weight.view(H, C, -1)
@@ -318,10 +312,11 @@ class DFGATConv(FusedMessagePassing):
             emap = structure.edge_attr_map(adj, edge_attr, self.fill_value)
         if emap is None:  # a fill the kernels do not express
             return structure.edge_attr(adj, edge_attr, self.fill_value,
-                                       project=lambda e: e @ folded.t()), \
-                None
-        # read in the user's order, loops filled in the kernels: no copy
-        return None, (emap, edge_attr, folded)
+                                       project=lambda e: e @ folded.t())
+        # read in the user's order, loops filled in the kernel: no copy
+        dtype = torch.promote_types(edge_attr.dtype, folded.dtype)
+        return edge_attr_dots(emap, edge_attr.to(dtype),
+                              folded.to(dtype).unsqueeze(0))
 
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}({self.in_channels}, '
