@@ -32,7 +32,13 @@ constexpr int kShortThreads = 256;
 // (5); 48 without spill ('dot' spilled 88 bytes: unbounded).
 template <int KIND, int FEAT, int VW>
 inline constexpr int kShortRowsMinBlocks =
-    FEAT == kFeatDropout && KIND == kAdd && VW <= 4 ? 5 : 0;
+    KIND != kAdd || VW > 4  ? 0
+    : FEAT == kFeatDropout ? 5
+    : FEAT == kFeatScore   ? 6
+                           : 0;
+template <int KIND, int FEAT, int VW>
+inline constexpr int kShortColsMinBlocks =
+    FEAT == kFeatScore && KIND == kAdd && VW <= 4 ? 6 : 0;
 
 template <typename T, typename I, int KIND, int VW, int FEAT>
 __global__ void __launch_bounds__(kShortThreads,
@@ -185,7 +191,8 @@ __global__ void __launch_bounds__(kShortThreads,
 // No shuffles here: each lane walks its own column. dV takes the dropped
 // p' = f p (the packed flag: f = 0, else 1 / (1 - drop)).
 template <typename T, typename I, int KIND, int VW, int FEAT>
-__global__ void __launch_bounds__(kShortThreads)
+__global__ void __launch_bounds__(kShortThreads,
+                                  kShortColsMinBlocks<KIND, FEAT, VW>)
     short_cols_bwd_kernel(BwdArgs<T, I> a, int lanes) {
   static_assert(KIND == kDot || KIND == kAdd, "short: 'dot' or 'add'");
   const int H = a.H, F = a.F, HF = H * F;
