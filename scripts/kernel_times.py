@@ -4,10 +4,11 @@ graphs a call is host-bound and event timings measure the host, which moves
 +-60 % between runs of the same library.
 
     PYG_DFGNN_LIBRARY=... python scripts/kernel_times.py \
-        [graph[@scale]:HxF:dtype:kind[:dropout],...] [--json out.json]
+        [graph[@scale]:HxF:dtype:kind[:dropout[:es]],...] [--json out.json]
 
 kind 'add' takes [N, H] node scores; dropout (default 0) trains with that
-attention dropout; ``@scale`` shrinks the graph (benchmarks/graphs.py).
+attention dropout; ``es``: an [E, H] edge score term too (GAT's edge_dim,
+with its gradient); ``@scale`` shrinks the graph (benchmarks/graphs.py).
 Besides the named graphs: ``uniform-N-D`` (N nodes, mean in-degree D,
 uniform random sources) and ``batch-S-D`` (1,024 graphs of S nodes, each
 node drawing D sources of its graph).
@@ -47,12 +48,12 @@ def make_graph_of(name, dev):
 
 
 def case_inputs(case: str, dev) -> tuple:
-    """``(graph, kind, q, k, v, extra, grad, dropout)`` of a case
-    ``graph:HxF:dtype:kind[:dropout]``: seeded random inputs (q, k, v
-    requiring grad; ``extra`` GATv2's ``att`` or nothing; ``grad`` the
-    output's upstream gradient)."""
-    name, shape, dt, kind, *drop = case.split(':')
-    p_drop = float(drop[0]) if drop else 0.0
+    """``(graph, kind, q, k, v, extra, grad, dropout, edge_score)`` of a
+    case ``graph:HxF:dtype:kind[:dropout[:es]]``: seeded random inputs (q,
+    k, v and the edge score requiring grad; ``extra`` GATv2's ``att`` or
+    nothing; ``grad`` the output's upstream gradient)."""
+    name, shape, dt, kind, *opt = case.split(':')
+    p_drop = float(opt[0]) if opt else 0.0
     h, f = (int(x) for x in shape.split('x'))
     dtype = DTYPES[dt]
     graph, _, n = make_graph_of(name, dev)
@@ -64,7 +65,10 @@ def case_inputs(case: str, dev) -> tuple:
     extra = (torch.randn(h, f, device=dev, dtype=dtype,
                          generator=gen),) if kind == 'gatv2' else ()
     grad = torch.randn(n, h, f, device=dev, dtype=dtype, generator=gen)
-    return graph, kind, q, k, v, extra, grad, p_drop
+    es = torch.randn(graph.num_edges, h, device=dev, dtype=dtype,
+                     generator=gen).requires_grad_() \
+        if opt[1:] == ['es'] else None
+    return graph, kind, q, k, v, extra, grad, p_drop, es
 
 
 def main():
@@ -77,11 +81,13 @@ def main():
     dev = torch.device('cuda')
     rows = []
     for case in args.cases.split(','):
-        graph, kind, q, k, v, extra, grad, p_drop = case_inputs(case, dev)
+        graph, kind, q, k, v, extra, grad, p_drop, es = case_inputs(case,
+                                                                    dev)
 
         def step():
             out = fused_attention(graph, kind, v, q, k, *extra,
-                                  dropout=p_drop, training=p_drop > 0)
+                                  dropout=p_drop, training=p_drop > 0,
+                                  edge_score=es)
             out.backward(grad)
         for _ in range(3):
             step()

@@ -21,11 +21,13 @@ from pyg_dfgnn.ops import fused_attention  # noqa: E402
 
 
 def outputs(case: str) -> list:
-    graph, kind, q, k, v, extra, g_out, p_drop = case_inputs(case, 'cuda')
+    graph, kind, q, k, v, extra, g_out, p_drop, es = case_inputs(case,
+                                                                  'cuda')
     torch.manual_seed(0)
     out = fused_attention(graph, kind, v, q, k, *extra, dropout=p_drop,
-                          training=p_drop > 0)
-    grads = torch.autograd.grad(out, [v, q, k], g_out)
+                          training=p_drop > 0, edge_score=es)
+    grads = torch.autograd.grad(out, [v, q, k] + ([es] if es is not None
+                                                  else []), g_out)
     return [t.detach().cpu() for t in (out, *grads)]
 
 
@@ -44,7 +46,8 @@ def main() -> int:
     for case, tensors in results.items():
         same = [torch.equal(a, b) for a, b in zip(tensors, ref[case])]
         differ += not all(same)
-        print(f'{case:36s} out / d v / d q / d k identical: {same}')
+        print(f'{case:36s} out / d v / d q / d k (/ d es) identical: '
+              f'{same}')
     return 1 if differ else 0
 
 
