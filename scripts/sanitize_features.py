@@ -86,6 +86,7 @@ def linked_case(*args):
 
 SHORT = [  # short-owner kernels with features: kind, dtype, dropout, graph
     ('add', torch.float32, 0.4, 'batch'),
+    ('add', torch.float32, 0.0, 'batch'),  # (the edge score alone)
     ('dot', torch.bfloat16, 0.4, 'isolated'),
     ('dot', torch.float32, 0.0, 'uniform')]
 
