@@ -34,19 +34,24 @@ constexpr int kShortThreads = 256;
 // against the plain passes' 6: held to 6 (40; the rows pass spills 8
 // bytes), gat-edge's rows / cols passes 0.590 / 0.581 -> 0.546 / 0.532 ms
 // (H100, session 37).
-template <int KIND, int FEAT, int VW>
+// (int64 indices: unbounded, those spilled 16 / 28 bytes at 6.)
+template <typename I, int KIND, int FEAT, int VW>
 inline constexpr int kShortRowsMinBlocks =
-    KIND != kAdd || VW > 4  ? 0
-    : FEAT == kFeatDropout ? 5
-    : FEAT == kFeatScore   ? 6
-                           : 0;
-template <int KIND, int FEAT, int VW>
+    KIND == kDot && FEAT == kFeatNone && VW <= 4 && sizeof(I) == 4 ? 5
+    : KIND != kAdd || VW > 4                                      ? 0
+    : FEAT == kFeatDropout                                        ? 5
+    : FEAT == kFeatScore && sizeof(I) == 4                        ? 6
+                                                                  : 0;
+template <typename I, int KIND, int FEAT, int VW>
 inline constexpr int kShortColsMinBlocks =
-    FEAT == kFeatScore && KIND == kAdd && VW <= 4 ? 6 : 0;
+    KIND == kDot && FEAT == kFeatNone && VW <= 4 && sizeof(I) == 4 ? 5
+    : FEAT == kFeatScore && KIND == kAdd && VW <= 4 && sizeof(I) == 4
+        ? 6
+        : 0;
 
 template <typename T, typename I, int KIND, int VW, int FEAT>
 __global__ void __launch_bounds__(kShortThreads,
-                                  kShortRowsMinBlocks<KIND, FEAT, VW>)
+                                  kShortRowsMinBlocks<I, KIND, FEAT, VW>)
     short_rows_bwd_kernel(BwdArgs<T, I> a, int lanes) {
   static_assert(KIND == kDot || KIND == kAdd, "short: 'dot' or 'add'");
   const int H = a.H, F = a.F, HF = H * F;
@@ -196,7 +201,7 @@ __global__ void __launch_bounds__(kShortThreads,
 // p' = f p (the packed flag: f = 0, else 1 / (1 - drop)).
 template <typename T, typename I, int KIND, int VW, int FEAT>
 __global__ void __launch_bounds__(kShortThreads,
-                                  kShortColsMinBlocks<KIND, FEAT, VW>)
+                                  kShortColsMinBlocks<I, KIND, FEAT, VW>)
     short_cols_bwd_kernel(BwdArgs<T, I> a, int lanes) {
   static_assert(KIND == kDot || KIND == kAdd, "short: 'dot' or 'add'");
   const int H = a.H, F = a.F, HF = H * F;
