@@ -34,20 +34,24 @@ constexpr int kShortThreads = 256;
 // against the plain passes' 6: held to 6 (40; the rows pass spills 8
 // bytes), gat-edge's rows / cols passes 0.590 / 0.581 -> 0.546 / 0.532 ms
 // (H100, session 37).
-// (int64 indices: unbounded, those spilled 16 / 28 bytes at 6.)
+// The plain fp32 'dot' cols pass: 56 registers (4 blocks), held to 5 (48,
+// 8 bytes spilled): mnist- / zinc-like 1x128 cols 0.095 / 0.085 -> 0.085 /
+// 0.080 ms; the same for its rows pass (64 -> 48, 36 bytes spilled) and
+// forward (47 -> 40 at 6, 32 bytes) was slower, and half precision's cols
+// at 6 / rows at 3 spill 80 / 60 bytes (not taken; session 37). int64
+// indices stay unbounded (16 / 28 bytes spilled at 6).
 template <typename I, int KIND, int FEAT, int VW>
 inline constexpr int kShortRowsMinBlocks =
-    KIND == kDot && FEAT == kFeatNone && VW <= 4 && sizeof(I) == 4 ? 5
-    : KIND != kAdd || VW > 4                                      ? 0
-    : FEAT == kFeatDropout                                        ? 5
-    : FEAT == kFeatScore && sizeof(I) == 4                        ? 6
-                                                                  : 0;
+    KIND != kAdd || VW > 4                  ? 0
+    : FEAT == kFeatDropout                  ? 5
+    : FEAT == kFeatScore && sizeof(I) == 4  ? 6
+                                            : 0;
 template <typename I, int KIND, int FEAT, int VW>
 inline constexpr int kShortColsMinBlocks =
-    KIND == kDot && FEAT == kFeatNone && VW <= 4 && sizeof(I) == 4 ? 5
-    : FEAT == kFeatScore && KIND == kAdd && VW <= 4 && sizeof(I) == 4
-        ? 6
-        : 0;
+    VW > 4 || sizeof(I) != 4                ? 0
+    : KIND == kDot && FEAT == kFeatNone     ? 5
+    : KIND == kAdd && FEAT == kFeatScore    ? 6
+                                            : 0;
 
 template <typename T, typename I, int KIND, int VW, int FEAT>
 __global__ void __launch_bounds__(kShortThreads,

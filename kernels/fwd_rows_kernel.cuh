@@ -27,8 +27,7 @@ namespace fwd {
 // (one local access in the loop).
 template <int KIND, int FEAT, int VW>
 inline constexpr int kRowsFwdMinBlocks =
-    VW <= 4 && FEAT == kFeatNone && KIND == kDot ? 6
-    : VW <= 4 && (FEAT == kFeatScore || (FEAT == kFeatDropout && KIND == kAdd))
+    VW <= 4 && (FEAT == kFeatScore || (FEAT == kFeatDropout && KIND == kAdd))
         ? 5
         : 0;
 
