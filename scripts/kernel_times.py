@@ -53,6 +53,9 @@ def case_inputs(case: str, dev) -> tuple:
     k, v and the edge score requiring grad; ``extra`` GATv2's ``att`` or
     nothing; ``grad`` the output's upstream gradient)."""
     name, shape, dt, kind, *opt = case.split(':')
+    if len(opt) > 2 or opt[1:] not in ([], ['es']):
+        raise ValueError(f"case '{case}': after the kind, a dropout and "
+                         f"'es' at most")
     p_drop = float(opt[0]) if opt else 0.0
     h, f = (int(x) for x in shape.split('x'))
     dtype = DTYPES[dt]
