@@ -44,13 +44,13 @@ template <typename I, int KIND, int FEAT, int VW>
 inline constexpr int kShortRowsMinBlocks =
     KIND != kAdd || VW > 4                  ? 0
     : FEAT == kFeatDropout                  ? 5
-    : (FEAT == kFeatScore || FEAT == kFeatWeights) && sizeof(I) == 4 ? 6
+    : FEAT == kFeatScore && sizeof(I) == 4  ? 6
                                             : 0;
 template <typename I, int KIND, int FEAT, int VW>
 inline constexpr int kShortColsMinBlocks =
     VW > 4 || sizeof(I) != 4                ? 0
     : KIND == kDot && FEAT == kFeatNone     ? 5
-    : KIND == kAdd && (FEAT == kFeatScore || FEAT == kFeatWeights) ? 6
+    : KIND == kAdd && FEAT == kFeatScore    ? 6
                                             : 0;
 
 template <typename T, typename I, int KIND, int VW, int FEAT>
