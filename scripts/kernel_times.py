@@ -53,7 +53,8 @@ def case_inputs(case: str, dev) -> tuple:
     k, v and the edge score requiring grad; ``extra`` GATv2's ``att`` or
     nothing; ``grad`` the output's upstream gradient)."""
     name, shape, dt, kind, *opt = case.split(':')
-    if len(opt) > 2 or opt[1:] not in ([], ['es']):
+    with_es = opt[1:] == ['es']
+    if len(opt) > 2 or (len(opt) == 2 and not with_es):
         raise ValueError(f"case '{case}': after the kind, a dropout and "
                          f"'es' at most")
     p_drop = float(opt[0]) if opt else 0.0
@@ -70,7 +71,7 @@ def case_inputs(case: str, dev) -> tuple:
     grad = torch.randn(n, h, f, device=dev, dtype=dtype, generator=gen)
     es = torch.randn(graph.num_edges, h, device=dev, dtype=dtype,
                      generator=gen).requires_grad_() \
-        if opt[1:] == ['es'] else None
+        if with_es else None
     return graph, kind, q, k, v, extra, grad, p_drop, es
 
 

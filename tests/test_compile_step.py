@@ -196,7 +196,8 @@ def _bench_e2e(tmp_path, names: str, layers: int):
     generated graphs) in the variants ``names``; its result JSON."""
     cfg = tmp_path / 'b.yaml'
     cfg.write_text('gt:\n  layer_type: DFGAT+Transformer\n'
-                   f'  layers: {layers}\n  dim_hidden: 8\n  n_heads: 2\n  attn_dropout: 0.0\n'
+                   f'  layers: {layers}\n  dim_hidden: 8\n  n_heads: 2\n'
+                   '  attn_dropout: 0.0\n'
                    'gnn:\n  dim_inner: 8\n  layers_post_mp: 1\n'
                    'optim:\n  num_warmup_epochs: 1\n')
     assert main(['bench-e2e', '--cfg', str(cfg), '--epochs', '3',
