@@ -150,16 +150,20 @@ void launch(const BwdArgs<T, I>& args, const at::Tensor& ptr,
 // A pass for short owners (bwd_short_kernel.cuh): a warp per owner.
 // (instantiated only where it can be taken: the vector kernels)
 template <typename T, typename I, int KIND, bool VEC, int FEAT, bool COLS>
-void launch_short(const BwdArgs<T, I>& a, int lanes) {
+void launch_short(const BwdArgs<T, I>& a, int nv) {
   if constexpr (KIND != kGatv2 && VEC) {
     constexpr int VW = Vec<T>::kWidth;
+    const int lanes = short_lanes((int64_t)a.H * a.F, VW * nv);
     const int64_t blocks = short_blocks(a.n_owner, lanes, kShortThreads);
     if (blocks <= 0) return;
-    auto kernel = COLS ? short_cols_bwd_kernel<T, I, KIND, VW, FEAT>
-                       : short_rows_bwd_kernel<T, I, KIND, VW, FEAT>;
-    kernel<<<(unsigned)blocks, kShortThreads, 0,
-             c10::cuda::getCurrentCUDAStream()>>>(a, lanes);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    dispatch_slices(nv, [&](auto nv_c) {
+      constexpr int NV = decltype(nv_c)::value;
+      auto kernel = COLS ? short_cols_bwd_kernel<T, I, KIND, VW, NV, FEAT>
+                         : short_rows_bwd_kernel<T, I, KIND, VW, NV, FEAT>;
+      kernel<<<(unsigned)blocks, kShortThreads, 0,
+               c10::cuda::getCurrentCUDAStream()>>>(a, lanes);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
   }
 }
 
@@ -214,7 +218,8 @@ void run_passes(Args& A, int optin) {
       VEC && KIND != kGatv2 && !lean &&
       short_shapes(KIND, VEC, H, D, F, VW,
                    A.edge_key.defined() || A.edge_value.defined());
-  const int lanes = short_lanes((int64_t)H * F, VW);
+  // (the forward's slices: the rows pass forms its scores)
+  const int nv = short_slices(KIND, H, F, VW);
   const bool short_rows =
       short_ok &&
       short_owners(mode, n_dst, E, A.max_in_degree, F / VW);
@@ -247,7 +252,7 @@ void run_passes(Args& A, int optin) {
         nullptr, fopt);
   };
   if (short_rows)
-    launch_short<T, I, KIND, VEC, FEAT, false>(r, lanes);
+    launch_short<T, I, KIND, VEC, FEAT, false>(r, nv);
   else if (kLanesOk && rows_lanes)
     rows(std::bool_constant<kLanesOk>{});
   else
@@ -271,7 +276,7 @@ void run_passes(Args& A, int optin) {
   c.group = std::min(32, next_pow2(slots_k + slots_v));
   at::Tensor att_part;
   if (short_cols) {
-    launch_short<T, I, KIND, VEC, FEAT, true>(c, lanes);
+    launch_short<T, I, KIND, VEC, FEAT, true>(c, nv);
     return;
   }
   PYG_DFGNN_DISPATCH_BOOL(lean, LEAN, [&] {

@@ -53,25 +53,30 @@ inline constexpr int kShortColsMinBlocks =
     : KIND == kAdd && FEAT == kFeatScore    ? 6
                                             : 0;
 
-template <typename T, typename I, int KIND, int VW, int FEAT>
+// NV: vectors a lane (short_rows.cuh's slices, the forward's; the bounds
+// are for NV = 1).
+template <typename T, typename I, int KIND, int VW, int NV, int FEAT>
 __global__ void __launch_bounds__(kShortThreads,
-                                  kShortRowsMinBlocks<I, KIND, FEAT, VW>)
+                                  NV == 1
+                                      ? kShortRowsMinBlocks<I, KIND, FEAT, VW>
+                                      : 0)
     short_rows_bwd_kernel(BwdArgs<T, I> a, int lanes) {
   static_assert(KIND == kDot || KIND == kAdd, "short: 'dot' or 'add'");
+  constexpr int EW = VW * NV;  // a lane's elements
   const int H = a.H, F = a.F, HF = H * F;
-  const OwnerLane o = owner_lane<VW>(lanes, a.n_owner, H, F);
+  const OwnerLane o = owner_lane<VW, NV>(lanes, a.n_owner, H, F);
   const int64_t row = o.owner;
-  const int h = o.h, G = o.G;
+  const int h = o.h, G = o.G, sv = G * VW;
   const bool first = o.on && o.c0 % F == 0;  // writes the head's scalars
-  float q[VW], dout[VW], qh = 0.f, lse = 0.f;
+  float q[EW], dout[EW], qh = 0.f, lse = 0.f;
 #pragma unroll
-  for (int i = 0; i < VW; ++i) q[i] = dout[i] = 0.f;
+  for (int i = 0; i < EW; ++i) q[i] = dout[i] = 0.f;
   if (o.on) {
     if constexpr (KIND == kDot)
-      load_vec<T, VW>(a.own_a + row * HF + o.c0, q);
+      load_slices<T, VW, NV>(a.own_a + row * HF + o.c0, sv, q);
     else
       qh = to_float(a.own_a[row * H + h]);
-    load_vec<T, VW>(a.own_b + row * HF + o.c0, dout);
+    load_slices<T, VW, NV>(a.own_b + row * HF + o.c0, sv, dout);
     lse = a.lse[row * H + h];
   }
   const int64_t elo = o.has ? a.ptr[row] : 0;
@@ -83,9 +88,9 @@ __global__ void __launch_bounds__(kShortThreads,
       __reduce_max_sync(kFullMask, (unsigned)((ehi - elo + 1) / 2));
   // 'dot': A = sum t k, B = sum p k (vectors); 'add': sum t leaky',
   // sum p leaky' (the head's scalars, in acc_a[0] / acc_b[0])
-  float acc_a[VW], acc_b[VW], dsum = 0.f;
+  float acc_a[EW], acc_b[EW], dsum = 0.f;
 #pragma unroll
-  for (int i = 0; i < VW; ++i) acc_a[i] = acc_b[i] = 0.f;
+  for (int i = 0; i < EW; ++i) acc_a[i] = acc_b[i] = 0.f;
   // Base pointers, as the short-row forward (issue-bound): this lane's
   // columns of the neighbour rows (int32 indices: a 32x32-bit wide
   // multiply per edge) and its head's column of the edge scores / ebuf,
@@ -108,19 +113,19 @@ __global__ void __launch_bounds__(kShortThreads,
     const bool one = e < ehi, two = e + 1 < ehi;
     const I j0 = one ? a.idx[e] : 0;
     const I j1 = two ? a.idx[e + 1] : j0;
-    float k[2][VW], v[2][VW], kh[2] = {0.f, 0.f};
+    float k[2][EW], v[2][EW], kh[2] = {0.f, 0.f};
 #pragma unroll
-    for (int i = 0; i < VW; ++i) k[0][i] = k[1][i] = v[0][i] = v[1][i] = 0.f;
+    for (int i = 0; i < EW; ++i) k[0][i] = k[1][i] = v[0][i] = v[1][i] = 0.f;
     if (o.on && one) {
       if constexpr (KIND == kDot) {
-        load_vec<T, VW>(k_lane + (int64_t)j0 * k_stride, k[0]);
-        load_vec<T, VW>(k_lane + (int64_t)j1 * k_stride, k[1]);
+        load_slices<T, VW, NV>(k_lane + (int64_t)j0 * k_stride, sv, k[0]);
+        load_slices<T, VW, NV>(k_lane + (int64_t)j1 * k_stride, sv, k[1]);
       } else {
         kh[0] = to_float(k_lane[(int64_t)j0 * k_stride]);
         kh[1] = to_float(k_lane[(int64_t)j1 * k_stride]);
       }
-      load_vec<T, VW>(v_lane + (int64_t)j0 * HF, v[0]);
-      load_vec<T, VW>(v_lane + (int64_t)j1 * HF, v[1]);
+      load_slices<T, VW, NV>(v_lane + (int64_t)j0 * HF, sv, v[0]);
+      load_slices<T, VW, NV>(v_lane + (int64_t)j1 * HF, sv, v[1]);
     }
     float s[2], gz[2] = {1.f, 1.f}, dp[2], term[2] = {0.f, 0.f};
     if (has_es && one) {
@@ -130,8 +135,8 @@ __global__ void __launch_bounds__(kShortThreads,
     // the two edges' head sums at once (head_sums: group_sum's sums in
     // fewer shuffles)
     if constexpr (KIND == kDot) {
-      float x[4] = {lane_dot<VW>(q, k[0]), lane_dot<VW>(q, k[1]),
-                    lane_dot<VW>(dout, v[0]), lane_dot<VW>(dout, v[1])};
+      float x[4] = {lane_dot<EW>(q, k[0]), lane_dot<EW>(q, k[1]),
+                    lane_dot<EW>(dout, v[0]), lane_dot<EW>(dout, v[1])};
       head_sums<4>(x, G);
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
@@ -139,7 +144,7 @@ __global__ void __launch_bounds__(kShortThreads,
         dp[u] = x[2 + u];
       }
     } else {
-      float x[2] = {lane_dot<VW>(dout, v[0]), lane_dot<VW>(dout, v[1])};
+      float x[2] = {lane_dot<EW>(dout, v[0]), lane_dot<EW>(dout, v[1])};
       head_sums<2>(x, G);
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
@@ -171,7 +176,7 @@ __global__ void __launch_bounds__(kShortThreads,
       dsum += t;
       if constexpr (KIND == kDot) {
 #pragma unroll
-        for (int i = 0; i < VW; ++i) {
+        for (int i = 0; i < EW; ++i) {
           acc_a[i] = fmaf(t, k[u][i], acc_a[i]);
           acc_b[i] = fmaf(p, k[u][i], acc_b[i]);
         }
@@ -190,11 +195,11 @@ __global__ void __launch_bounds__(kShortThreads,
   // D * B rounded like A's products (no FMA contraction): a row whose
   // softmax is one edge (p = 1) gives exactly 0, as in the block pass
   if constexpr (KIND == kDot) {
-    float x[VW];
+    float x[EW];
 #pragma unroll
-    for (int i = 0; i < VW; ++i)
+    for (int i = 0; i < EW; ++i)
       x[i] = (acc_a[i] - __fmul_rn(dsum, acc_b[i])) * a.scale;
-    store_vec<T, VW>(a.grad_a + row * HF + o.c0, x);
+    store_slices<T, VW, NV>(a.grad_a + row * HF + o.c0, sv, x);
   } else if (first) {
     a.grad_a[row * H + h] =
         from_float<T>(acc_a[0] - __fmul_rn(dsum, acc_b[0]));
@@ -203,20 +208,23 @@ __global__ void __launch_bounds__(kShortThreads,
 
 // No shuffles here: each lane walks its own column. dV takes the dropped
 // p' = f p (the packed flag: f = 0, else 1 / (1 - drop)).
-template <typename T, typename I, int KIND, int VW, int FEAT>
+template <typename T, typename I, int KIND, int VW, int NV, int FEAT>
 __global__ void __launch_bounds__(kShortThreads,
-                                  kShortColsMinBlocks<I, KIND, FEAT, VW>)
+                                  NV == 1
+                                      ? kShortColsMinBlocks<I, KIND, FEAT, VW>
+                                      : 0)
     short_cols_bwd_kernel(BwdArgs<T, I> a, int lanes) {
   static_assert(KIND == kDot || KIND == kAdd, "short: 'dot' or 'add'");
+  constexpr int EW = VW * NV;  // a lane's elements
   const int H = a.H, F = a.F, HF = H * F;
-  const OwnerLane o = owner_lane<VW>(lanes, a.n_owner, H, F);
+  const OwnerLane o = owner_lane<VW, NV>(lanes, a.n_owner, H, F);
   if (!o.on) return;
   const int64_t col = o.owner;
-  const int h = o.h;
+  const int h = o.h, sv = o.G * VW;
   // 'dot': dK = sum ds q_i (vector); 'add': sum ds (the head's scalar)
-  float gk[VW], gv[VW], gk_add = 0.f;
+  float gk[EW], gv[EW], gk_add = 0.f;
 #pragma unroll
-  for (int i = 0; i < VW; ++i) gk[i] = gv[i] = 0.f;
+  for (int i = 0; i < EW; ++i) gk[i] = gv[i] = 0.f;
   const int64_t elo = a.ptr[col], ehi = a.ptr[col + 1];
   const float keep_scale = a.drop.active ? a.drop.keep_scale : 1.f;
   T* g_es = kHasScore<FEAT> && KIND != kGatv2 ? a.g_es : nullptr;
@@ -236,13 +244,13 @@ __global__ void __launch_bounds__(kShortThreads,
                           ebuf_lane[(int64_t)c1 * H]};
     const float d[2] = {drow_lane[(int64_t)i0 * H],
                         drow_lane[(int64_t)i1 * H]};
-    float qx[2][VW], ox[2][VW];
+    float qx[2][EW], ox[2][EW];
     if constexpr (KIND == kDot) {
-      load_vec<T, VW>(q_lane + (int64_t)i0 * HF, qx[0]);
-      load_vec<T, VW>(q_lane + (int64_t)i1 * HF, qx[1]);
+      load_slices<T, VW, NV>(q_lane + (int64_t)i0 * HF, sv, qx[0]);
+      load_slices<T, VW, NV>(q_lane + (int64_t)i1 * HF, sv, qx[1]);
     }
-    load_vec<T, VW>(o_lane + (int64_t)i0 * HF, ox[0]);
-    load_vec<T, VW>(o_lane + (int64_t)i1 * HF, ox[1]);
+    load_slices<T, VW, NV>(o_lane + (int64_t)i0 * HF, sv, ox[0]);
+    load_slices<T, VW, NV>(o_lane + (int64_t)i1 * HF, sv, ox[1]);
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       if (u == 1 && !two) break;
@@ -252,10 +260,10 @@ __global__ void __launch_bounds__(kShortThreads,
                        : ip.dropped      ? 0.f
                                          : ip.p * keep_scale;
 #pragma unroll
-      for (int i = 0; i < VW; ++i) gv[i] = fmaf(pv, ox[u][i], gv[i]);
+      for (int i = 0; i < EW; ++i) gv[i] = fmaf(pv, ox[u][i], gv[i]);
       if constexpr (KIND == kDot) {
 #pragma unroll
-        for (int i = 0; i < VW; ++i) gk[i] = fmaf(ds, qx[u][i], gk[i]);
+        for (int i = 0; i < EW; ++i) gk[i] = fmaf(ds, qx[u][i], gk[i]);
       } else {
         if (ip.negative) ds *= a.slope;  // leaky'(z), as the rows pass saw z
         gk_add += ds;
@@ -264,11 +272,11 @@ __global__ void __launch_bounds__(kShortThreads,
         g_es[(int64_t)(u == 0 ? c0 : c1) * H + h] = from_float<T>(ds);
     }
   }
-  store_vec<T, VW>(a.grad_b + col * HF + o.c0, gv);
+  store_slices<T, VW, NV>(a.grad_b + col * HF + o.c0, sv, gv);
   if constexpr (KIND == kDot) {
 #pragma unroll
-    for (int i = 0; i < VW; ++i) gk[i] *= a.scale;
-    store_vec<T, VW>(a.grad_a + col * HF + o.c0, gk);
+    for (int i = 0; i < EW; ++i) gk[i] *= a.scale;
+    store_slices<T, VW, NV>(a.grad_a + col * HF + o.c0, sv, gk);
   } else if (o.c0 % F == 0) {
     a.grad_a[col * H + h] = from_float<T>(gk_add);
   }

@@ -160,7 +160,8 @@ inline bool short_rows(const Launch& L, int vw) {
 template <typename scalar_t>
 void run_rows(const Launch& L) {
   constexpr int VW = Vec<scalar_t>::kWidth;
-  const int lanes = short_lanes(L.H * L.F, VW);
+  const int nv = short_slices(L.kind, L.H, L.F, VW);
+  const int lanes = short_lanes(L.H * L.F, VW * nv);
   const int64_t blocks = short_blocks(L.n_dst, lanes, kThreads);
   if (blocks <= 0) return;
   auto a = make_args<scalar_t, int32_t, true>(L);
@@ -173,9 +174,12 @@ void run_rows(const Launch& L) {
       // registers, dropout without the others')
       PYG_DFGNN_DISPATCH_FEAT(L.feature_level(), KIND == kAdd, true, true,
                               FEAT, [&] {
-        rows_fwd_kernel<scalar_t, int32_t, KIND, VW, FEAT>
-            <<<(unsigned)blocks, kThreads, 0, stream>>>(a, lanes);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        dispatch_slices(nv, [&](auto nv_c) {
+          rows_fwd_kernel<scalar_t, int32_t, KIND, VW, decltype(nv_c)::value,
+                          FEAT>
+              <<<(unsigned)blocks, kThreads, 0, stream>>>(a, lanes);
+          C10_CUDA_KERNEL_LAUNCH_CHECK();
+        });
       });
     }
   });

@@ -31,21 +31,25 @@ inline constexpr int kRowsFwdMinBlocks =
         ? 5
         : 0;
 
-template <typename T, typename I, int KIND, int VW, int FEAT>
-__global__ void __launch_bounds__(kThreads, kRowsFwdMinBlocks<KIND, FEAT, VW>)
+// NV: vectors a lane (short_rows.cuh's slices; the bound is for NV = 1).
+template <typename T, typename I, int KIND, int VW, int NV, int FEAT>
+__global__ void __launch_bounds__(kThreads,
+                                  NV == 1 ? kRowsFwdMinBlocks<KIND, FEAT, VW>
+                                          : 0)
     rows_fwd_kernel(FwdArgs<T, I> a, int lanes) {
   static_assert(KIND == kDot || KIND == kAdd, "rows: 'dot' or 'add'");
   static_assert(sizeof(I) == 4, "rows: int32 neighbour indices");
+  constexpr int EW = VW * NV;  // a lane's elements
   const int H = a.H, F = a.F, HF = H * F;
-  const OwnerLane o = owner_lane<VW>(lanes, a.n_dst, H, F);
+  const OwnerLane o = owner_lane<VW, NV>(lanes, a.n_dst, H, F);
   const int64_t row = o.owner;
   const bool has_row = o.has, on = o.on;
-  const int c0 = o.c0, h = o.h, G = o.G;
-  float q[VW], qh = 0.f;
+  const int c0 = o.c0, h = o.h, G = o.G, sv = G * VW;
+  float q[EW], qh = 0.f;
 #pragma unroll
-  for (int i = 0; i < VW; ++i) q[i] = 0.f;
+  for (int i = 0; i < EW; ++i) q[i] = 0.f;
   if constexpr (KIND == kDot) {
-    if (on) load_vec<T, VW>(a.q + row * HF + c0, q);
+    if (on) load_slices<T, VW, NV>(a.q + row * HF + c0, sv, q);
   } else {
     qh = on ? to_float(a.q[row * H + h]) : 0.f;
   }
@@ -79,24 +83,24 @@ __global__ void __launch_bounds__(kThreads, kRowsFwdMinBlocks<KIND, FEAT, VW>)
   // steps of two edges: the longest of the warp's rows (warp-uniform)
   const unsigned steps =
       __reduce_max_sync(kFullMask, (unsigned)((ehi - elo + 1) / 2));
-  float m = -INFINITY, l = 0.f, acc[VW];
+  float m = -INFINITY, l = 0.f, acc[EW];
 #pragma unroll
-  for (int i = 0; i < VW; ++i) acc[i] = 0.f;
+  for (int i = 0; i < EW; ++i) acc[i] = 0.f;
   for (unsigned st = 0; st < steps; ++st) {
     const int64_t e = elo + 2 * (int64_t)st;
     const bool one = e < ehi, two = e + 1 < ehi;
     const int j0 = one ? (int)a.col[e] : 0;
     const int j1 = two ? (int)a.col[e + 1] : j0;
-    float k0[VW], k1[VW], v0[VW], v1[VW];
+    float k0[EW], k1[EW], v0[EW], v1[EW];
 #pragma unroll
-    for (int i = 0; i < VW; ++i) k0[i] = k1[i] = v0[i] = v1[i] = 0.f;
+    for (int i = 0; i < EW; ++i) k0[i] = k1[i] = v0[i] = v1[i] = 0.f;
     if (on && one) {
       if constexpr (KIND == kDot) {
-        load_vec<T, VW>(k_lane + (int64_t)j0 * HF, k0);
-        load_vec<T, VW>(k_lane + (int64_t)j1 * HF, k1);
+        load_slices<T, VW, NV>(k_lane + (int64_t)j0 * HF, sv, k0);
+        load_slices<T, VW, NV>(k_lane + (int64_t)j1 * HF, sv, k1);
       }
-      load_vec<T, VW>(v_lane + (int64_t)j0 * HF, v0);
-      load_vec<T, VW>(v_lane + (int64_t)j1 * HF, v1);
+      load_slices<T, VW, NV>(v_lane + (int64_t)j0 * HF, sv, v0);
+      load_slices<T, VW, NV>(v_lane + (int64_t)j1 * HF, sv, v1);
     }
     float t0 = 0.f, t1 = 0.f;
     if (has_es && one) {
@@ -106,7 +110,7 @@ __global__ void __launch_bounds__(kThreads, kRowsFwdMinBlocks<KIND, FEAT, VW>)
     es_lane += es_step;
     float s0, s1r;
     if constexpr (KIND == kDot) {
-      float d[2] = {lane_dot<VW>(q, k0), lane_dot<VW>(q, k1)};
+      float d[2] = {lane_dot<EW>(q, k0), lane_dot<EW>(q, k1)};
       // Half precision: both sums in one butterfly (head_sums, -2 to -5 %
       // on mnist- / zinc-like). fp32: one at a time -- the butterfly's
       // registers (47 -> 50) cost a resident block, +5 to +8 % (H100,
@@ -137,15 +141,15 @@ __global__ void __launch_bounds__(kThreads, kRowsFwdMinBlocks<KIND, FEAT, VW>)
     const float p0 = expf(s0 - m_new), p1 = two ? expf(s1 - m_new) : 0.f;
     l = fmaf(l, corr, p0 + p1);
 #pragma unroll
-    for (int i = 0; i < VW; ++i)
+    for (int i = 0; i < EW; ++i)
       acc[i] = fmaf(p1 * f[1], v1[i], fmaf(p0 * f[0], v0[i], acc[i] * corr));
     m = m_new;
   }
   if (!on) return;
   const float inv = 1.f / (l + 1e-16f);
 #pragma unroll
-  for (int i = 0; i < VW; ++i) acc[i] *= inv;
-  store_vec<T, VW>(a.out + row * HF + c0, acc);
+  for (int i = 0; i < EW; ++i) acc[i] *= inv;
+  store_slices<T, VW, NV>(a.out + row * HF + c0, sv, acc);
   if (c0 % F == 0)  // the head's first lane
     a.lse[row * H + h] = ehi > elo ? m + logf(l + 1e-16f) : -INFINITY;
 }

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <type_traits>
 
 #include "feature_lanes.cuh"
 #include "numeric.cuh"
@@ -89,14 +90,44 @@ inline bool short_owners(char mode, int64_t n_owner, int64_t n_edges,
          (any_density || n_edges < (int64_t)kLanesMinDegree * n_owner);
 }
 
-// This lane's owner and features [c0, c0 + VW) (head h, G lanes a head).
+// A lane's slices: NV vectors of VW elements each (short_slices' rule).
+// With NV > 1 a lane holds vector g, g + G, ..., g + (NV - 1) G of its
+// head (G lanes a head), so that each access of the warp still reads a
+// head's contiguous bytes; fewer lanes an owner and more owners a warp
+// share the per-edge scalar work (index, sums, softmax) that every lane of
+// an owner repeats.
+// PYG_DFGNN_SHORT_SLICES (read per call): '1', '2' or '4' vectors a lane
+// where the head has that many (benchmarks and tests); unset: the rule.
+inline int short_slices(int64_t kind, int64_t H, int64_t F, int vw) {
+  (void)kind, (void)H;
+  const char* env = std::getenv("PYG_DFGNN_SHORT_SLICES");
+  int nv = 1;
+  if (env != nullptr && *env != '\0') nv = std::atoi(env);
+  if (nv != 2 && nv != 4) return 1;
+  while (nv > 1 && F % ((int64_t)vw * nv) != 0) nv /= 2;
+  return nv;
+}
+
+// The kernels' instantiations for a short_slices value (1, 2 or 4).
+template <typename Fn>
+inline void dispatch_slices(int nv, Fn&& fn) {
+  if (nv == 4)
+    fn(std::integral_constant<int, 4>{});
+  else if (nv == 2)
+    fn(std::integral_constant<int, 2>{});
+  else
+    fn(std::integral_constant<int, 1>{});
+}
+
+// This lane's owner and features: NV vectors of VW at c0 + i G VW (head h,
+// G lanes a head).
 struct OwnerLane {
   int64_t owner;
   int c0, h, G;
   bool has;  // the owner exists (its lanes take part in the walk)
   bool on;   // and this lane holds features
 };
-template <int VW>
+template <int VW, int NV = 1>
 __device__ __forceinline__ OwnerLane owner_lane(int lanes, int64_t n_owner,
                                                 int H, int F) {
   const int lane = threadIdx.x % kWarpSize;
@@ -106,10 +137,19 @@ __device__ __forceinline__ OwnerLane owner_lane(int lanes, int64_t n_owner,
                 (kWarpSize / lanes) +
             lane / lanes;
   o.has = o.owner < n_owner;
-  o.c0 = (lane % lanes) * VW;
-  o.on = o.has && o.c0 < H * F;
-  o.h = o.on ? o.c0 / F : 0;
-  o.G = F / VW;
+  if constexpr (NV == 1) {
+    o.c0 = (lane % lanes) * VW;
+    o.on = o.has && o.c0 < H * F;
+    o.h = o.on ? o.c0 / F : 0;
+    o.G = F / VW;
+  } else {
+    const int li = lane % lanes;
+    o.G = F / (VW * NV);
+    const int hl = li / o.G;
+    o.on = o.has && hl < H;
+    o.h = o.on ? hl : 0;
+    o.c0 = hl * F + (li % o.G) * VW;
+  }
   return o;
 }
 

@@ -89,6 +89,32 @@ __device__ __forceinline__ void store_vec(T* __restrict__ ptr,
   }
 }
 
+// NV vectors of VW elements, the i-th at ptr + i * stride (a short-owner
+// lane's slices, short_rows.cuh); NV = 1 is load_vec / store_vec.
+template <typename T, int VW, int NV>
+__device__ __forceinline__ void load_slices(const T* __restrict__ ptr,
+                                            int stride,
+                                            float (&out)[VW * NV]) {
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    float x[VW];
+    load_vec<T, VW>(ptr + i * stride, x);
+#pragma unroll
+    for (int k = 0; k < VW; ++k) out[i * VW + k] = x[k];
+  }
+}
+template <typename T, int VW, int NV>
+__device__ __forceinline__ void store_slices(T* __restrict__ ptr, int stride,
+                                             const float (&in)[VW * NV]) {
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    float x[VW];
+#pragma unroll
+    for (int k = 0; k < VW; ++k) x[k] = in[i * VW + k];
+    store_vec<T, VW>(ptr + i * stride, x);
+  }
+}
+
 // x += ptr[0, N) (an edge term added to a neighbour row).
 template <typename T, int N>
 __device__ __forceinline__ void add_vec(const T* __restrict__ ptr,

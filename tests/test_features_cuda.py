@@ -472,17 +472,20 @@ def test_block_kernels_dropout_only(kind, dtype, heads, d, monkeypatch):
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize('dropout', [0.0, 0.4])
 @pytest.mark.parametrize('graph_kind', ['batch', 'uniform', 'isolated'])
+@pytest.mark.parametrize('slices', ['1', '2', '4'])
 def test_short_owner_kernels_with_features(kind, dtype, dropout, graph_kind,
-                                           monkeypatch):
+                                           slices, monkeypatch):
     """The warp-per-owner kernels with the edge score, dropout and the
-    attention weights (and their gradient): out, weights and every gradient
-    against the reference with the kernels' own mask; all three short
-    kernels ran; the mask is SMMF's (same seed, same weights)."""
+    attention weights (and their gradient), 1, 2 or 4 vectors a lane: out,
+    weights and every gradient against the reference with the kernels' own
+    mask; all three short kernels ran; the mask is SMMF's (same seed, same
+    weights)."""
     cuda = _cuda()
     graph, t, gen = short_owner_case(
-        f'short{kind}{dtype}{dropout}{graph_kind}', kind, 'es', dtype,
+        f'short{kind}{dtype}{dropout}{graph_kind}{slices}', kind, 'es', dtype,
         graph_kind)
     monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', '1')
+    monkeypatch.setenv('PYG_DFGNN_SHORT_SLICES', slices)
     torch.manual_seed(5)
     _, names = cuda_kernels(
         lambda: check_case(cuda, graph, kind, t, 'smmf', dtype, dropout,

@@ -3,7 +3,8 @@ forward's warp per row (kernels/fwd_rows_kernel.cuh) and the backward's
 warp-per-row / warp-per-column passes (kernels/bwd_short_kernel.cuh),
 forced on small graphs with PYG_DFGNN_SHORT_ROWS=1: molecule-sized batches,
 isolated rows, N = 1, E = 0, H = 3, one lane per head, several owners per
-warp, 'dot' and 'add', every dtype; outputs poisoned first. The launches
+warp, 1, 2 or 4 vectors a lane (PYG_DFGNN_SHORT_SLICES), 'dot' and 'add',
+every dtype; outputs poisoned first. The launches
 are checked with the profiler: the shapes they do not take run the block
 kernels, and the automatic rule takes them for many short owners only (>=
 16,384 warps, mean degree <= 8, longest <= 64; rows and columns apart in
@@ -56,14 +57,30 @@ SHORT_KERNELS = ('rows_fwd_kernel', 'short_rows_bwd_kernel',
                  'short_cols_bwd_kernel')
 
 
-def short_kernels_run(fn):
-    """(fn's result, the short-owner kernels among its launches)."""
+def short_kernels_run(fn, slices=None):
+    """(fn's result, the short-owner kernels among its launches); with
+    `slices`, each of them must have run with that many vectors a lane
+    (their template arguments: T, I, KIND, VW, NV, FEAT)."""
     with torch.profiler.profile(
             activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         result = fn()
         torch.cuda.synchronize()
     names = {k for e in prof.events() for k in SHORT_KERNELS if k in e.name}
+    if slices is not None:
+        for e in prof.events():
+            if any(k in e.name for k in SHORT_KERNELS):
+                args = e.name[e.name.index('<') + 1:e.name.rindex('>')]
+                assert int(args.split(',')[4]) == slices, e.name
     return result, names
+
+
+def expected_slices(env, f, vw):
+    """short_slices' rule: the vectors a lane PYG_DFGNN_SHORT_SLICES asks
+    for, halved until the head holds them."""
+    nv = int(env) if env in ('2', '4') else 1
+    while nv > 1 and f % (vw * nv) != 0:
+        nv //= 2
+    return nv
 
 
 @pytest.mark.parametrize('graph', ['molecules', 'isolated', 'one', 'empty'])
@@ -72,12 +89,14 @@ def short_kernels_run(fn):
                                    torch.bfloat16])
 @pytest.mark.parametrize('heads,f', [(1, 128), (4, 32), (3, 8), (8, 16),
                                      (2, 128), (3, 17)])
-def test_short_rows_match_reference(graph, kind, dtype, heads, f,
+@pytest.mark.parametrize('slices', ['1', '2', '4'])
+def test_short_rows_match_reference(graph, kind, dtype, heads, f, slices,
                                     monkeypatch):
     cuda = _cuda()
     monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', '1')
+    monkeypatch.setenv('PYG_DFGNN_SHORT_SLICES', slices)
     gen = torch.Generator().manual_seed(
-        zlib.crc32(f'{graph}{kind}{dtype}{heads}{f}'.encode()))
+        zlib.crc32(f'{graph}{kind}{dtype}{heads}{f}{slices}'.encode()))
     ei, n = graph_of(graph, gen)
     g = DFGraph.from_edge_index(ei.cuda(), size=(n, n))
     value, query, key, _ = make_inputs(kind, n, n, heads, f, f, dtype, gen,
@@ -91,19 +110,20 @@ def test_short_rows_match_reference(graph, kind, dtype, heads, f,
     def run():
         return cuda.fused_attention_cuda(g, kind, value, query, key, None,
                                          scale, 0.2, strategy='smmf')
-    out, ran = short_kernels_run(run)
+    nv = expected_slices(slices, f, vw)
+    out, ran = short_kernels_run(run, nv)
     assert ran == ({'rows_fwd_kernel'} if expect_rows else set())
     assert torch.isfinite(out).all(), 'unwritten or non-finite output'
     leaves = [value, query, key]
     ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
     ref, _ = fused_attention_reference(g, kind, *ref_leaves, None,
                                              scale, 0.2)
-    tag = f'{graph} {kind} {dtype} H={heads} F={f}'
+    tag = f'{graph} {kind} {dtype} H={heads} F={f} NV={nv}'
     assert rel_err(out, ref) <= TOL_OUT[dtype], tag
     g_out = torch.randn(out.shape, generator=gen).to('cuda', dtype)
     poison_allocator()
     grads, ran = short_kernels_run(
-        lambda: torch.autograd.grad(out, leaves, g_out))
+        lambda: torch.autograd.grad(out, leaves, g_out), nv)
     assert ran == ({'short_rows_bwd_kernel', 'short_cols_bwd_kernel'}
                    if expect_rows else set())
     ref_grads = torch.autograd.grad(ref, ref_leaves, g_out.double(),
