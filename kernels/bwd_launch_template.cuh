@@ -218,8 +218,8 @@ void run_passes(Args& A, int optin) {
       VEC && KIND != kGatv2 && !lean &&
       short_shapes(KIND, VEC, H, D, F, VW,
                    A.edge_key.defined() || A.edge_value.defined());
-  // (the forward's slices: the rows pass forms its scores)
-  const int nv = short_slices(KIND, H, F, VW);
+  const int nv_rows = short_slices(KIND, F, VW, ShortPass::kRows);
+  const int nv_cols = short_slices(KIND, F, VW, ShortPass::kCols);
   const bool short_rows =
       short_ok &&
       short_owners(mode, n_dst, E, A.max_in_degree, F / VW);
@@ -252,7 +252,7 @@ void run_passes(Args& A, int optin) {
         nullptr, fopt);
   };
   if (short_rows)
-    launch_short<T, I, KIND, VEC, FEAT, false>(r, nv);
+    launch_short<T, I, KIND, VEC, FEAT, false>(r, nv_rows);
   else if (kLanesOk && rows_lanes)
     rows(std::bool_constant<kLanesOk>{});
   else
@@ -276,7 +276,7 @@ void run_passes(Args& A, int optin) {
   c.group = std::min(32, next_pow2(slots_k + slots_v));
   at::Tensor att_part;
   if (short_cols) {
-    launch_short<T, I, KIND, VEC, FEAT, true>(c, nv);
+    launch_short<T, I, KIND, VEC, FEAT, true>(c, nv_cols);
     return;
   }
   PYG_DFGNN_DISPATCH_BOOL(lean, LEAN, [&] {

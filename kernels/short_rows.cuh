@@ -90,22 +90,54 @@ inline bool short_owners(char mode, int64_t n_owner, int64_t n_edges,
          (any_density || n_edges < (int64_t)kLanesMinDegree * n_owner);
 }
 
-// A lane's slices: NV vectors of VW elements each (short_slices' rule).
-// With NV > 1 a lane holds vector g, g + G, ..., g + (NV - 1) G of its
-// head (G lanes a head), so that each access of the warp still reads a
-// head's contiguous bytes; fewer lanes an owner and more owners a warp
-// share the per-edge scalar work (index, sums, softmax) that every lane of
-// an owner repeats.
+// A lane's slices: NV vectors of VW elements each. With NV > 1 a lane
+// holds vectors g, g + G, ..., g + (NV - 1) G of its head (G lanes a
+// head), so that each access of the warp still reads a head's contiguous
+// bytes; fewer lanes an owner and more owners a warp share the per-edge
+// scalar work that every lane of an owner repeats (the edge's index, the
+// head's butterfly, the online softmax / the softmax gradient): the
+// kernels are issue-bound. The sums of a score depend on NV (a lane's
+// products first, then the butterfly), so the rows pass forms the forward's
+// scores bit for bit only at the forward's NV; elsewhere they differ in
+// the last bits, as after a block or tensor-core forward.
+enum class ShortPass { kFwd, kRows, kCols };
+
+// Measured per pass (H100, session 38, scripts/env_ab.py: mnist-, zinc-,
+// arxiv-, pubmed-like, GPU us, NV = 1 / 2 / 4):
+// * 'add' (scalar scores): 4 in every pass -- mnist-like 1 x 128 fp32
+//   forward + backward 213 -> 137 us.
+// * 'dot' forward: 16 elements a lane (fp32 4, half 2) while a head keeps
+//   >= 4 lanes -- mnist-like 1 x 128 fp32 96 -> 77, bf16 72 -> 66; NV = 4
+//   at 4 x 32 fp32 (2 lanes a head) and in bf16 (218 registers) lost.
+// * 'dot' rows pass: fp32 1 (NV = 2 a tie, 4 slower: 161 registers);
+//   half 4 with >= 4 lanes a head (255 registers and spills, but mnist-like
+//   1 x 128 bf16 113 -> 91 us).
+// * 'dot' cols pass: fp32 4 (mnist-like 85 -> 78), half 1.
 // PYG_DFGNN_SHORT_SLICES (read per call): '1', '2' or '4' vectors a lane
-// where the head has that many (benchmarks and tests); unset: the rule.
-inline int short_slices(int64_t kind, int64_t H, int64_t F, int vw) {
-  (void)kind, (void)H;
+// in every pass where the head has that many (benchmarks and tests).
+inline int short_slices(int64_t kind, int64_t F, int vw, ShortPass pass) {
+  auto fits = [&](int nv, int min_lanes) {
+    return F % ((int64_t)vw * nv) == 0 && F / ((int64_t)vw * nv) >= min_lanes;
+  };
+  auto widest = [&](int nv, int min_lanes) {
+    while (nv > 1 && !fits(nv, min_lanes)) nv /= 2;
+    return nv;
+  };
   const char* env = std::getenv("PYG_DFGNN_SHORT_SLICES");
-  int nv = 1;
-  if (env != nullptr && *env != '\0') nv = std::atoi(env);
-  if (nv != 2 && nv != 4) return 1;
-  while (nv > 1 && F % ((int64_t)vw * nv) != 0) nv /= 2;
-  return nv;
+  if (env != nullptr && *env != '\0') {
+    const int nv = std::atoi(env);
+    return nv == 2 || nv == 4 ? widest(nv, 1) : 1;
+  }
+  const bool half = vw > 4;
+  if (kind == kAdd) return widest(4, 1);
+  switch (pass) {
+    case ShortPass::kFwd:
+      return widest(16 / vw, 4);
+    case ShortPass::kRows:
+      return half ? widest(4, 4) : 1;
+    default:
+      return half ? 1 : widest(4, 1);
+  }
 }
 
 // The kernels' instantiations for a short_slices value (1, 2 or 4).

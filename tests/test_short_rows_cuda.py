@@ -66,11 +66,13 @@ def short_kernels_run(fn, slices=None):
         result = fn()
         torch.cuda.synchronize()
     names = {k for e in prof.events() for k in SHORT_KERNELS if k in e.name}
-    if slices is not None:
+    if slices is not None:  # one count for all, or {kernel: count}
         for e in prof.events():
-            if any(k in e.name for k in SHORT_KERNELS):
-                args = e.name[e.name.index('<') + 1:e.name.rindex('>')]
-                assert int(args.split(',')[4]) == slices, e.name
+            for k in SHORT_KERNELS:
+                if k in e.name:
+                    args = e.name[e.name.index('<') + 1:e.name.rindex('>')]
+                    want = slices[k] if isinstance(slices, dict) else slices
+                    assert int(args.split(',')[4]) == want, e.name
     return result, names
 
 
@@ -92,11 +94,50 @@ def expected_slices(env, f, vw):
 @pytest.mark.parametrize('slices', ['1', '2', '4'])
 def test_short_rows_match_reference(graph, kind, dtype, heads, f, slices,
                                     monkeypatch):
-    cuda = _cuda()
-    monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', '1')
     monkeypatch.setenv('PYG_DFGNN_SHORT_SLICES', slices)
+    vw = 16 // dtype.itemsize
+    check_short(graph, kind, dtype, heads, f,
+                expected_slices(slices, f, vw), f'{slices}')
+
+
+# short_slices' rule (kernels/short_rows.cuh) per kernel: 'add' 4 vectors
+# a lane everywhere; 'dot' forward 16 elements a lane with >= 4 lanes a
+# head, rows pass fp32 1 / half 4 (>= 4 lanes a head), cols pass fp32 4 /
+# half 1. The forward and the rows pass then form a row's scores with
+# different sums: the gradients must still match the reference.
+@pytest.mark.parametrize('kind,dtype,heads,f,fwd,rows,cols', [
+    ('dot', torch.float32, 1, 128, 4, 1, 4),
+    ('dot', torch.float32, 4, 32, 2, 1, 4),
+    ('dot', torch.bfloat16, 1, 128, 2, 4, 1),
+    ('dot', torch.float16, 4, 32, 1, 1, 1),
+    ('add', torch.float32, 1, 128, 4, 4, 4),
+    ('add', torch.bfloat16, 8, 16, 2, 2, 2),
+])
+@pytest.mark.parametrize('graph', ['molecules', 'isolated'])
+def test_short_slices_rule(kind, dtype, heads, f, fwd, rows, cols, graph,
+                           monkeypatch):
+    monkeypatch.delenv('PYG_DFGNN_SHORT_SLICES', raising=False)
+    check_short(graph, kind, dtype, heads, f,
+                {'rows_fwd_kernel': fwd, 'short_rows_bwd_kernel': rows,
+                 'short_cols_bwd_kernel': cols}, 'rule')
+
+
+def check_short(graph, kind, dtype, heads, f, nv, salt):
+    """One case forced onto the short kernels (each run with ``nv``
+    vectors a lane: a count or {kernel: count}): out and the gradients
+    against the float64 reference, outputs poisoned first."""
+    cuda = _cuda()
+    mp = pytest.MonkeyPatch()
+    mp.setenv('PYG_DFGNN_SHORT_ROWS', '1')
+    try:
+        _check_short(cuda, graph, kind, dtype, heads, f, nv, salt)
+    finally:
+        mp.undo()
+
+
+def _check_short(cuda, graph, kind, dtype, heads, f, nv, salt):
     gen = torch.Generator().manual_seed(
-        zlib.crc32(f'{graph}{kind}{dtype}{heads}{f}{slices}'.encode()))
+        zlib.crc32(f'{graph}{kind}{dtype}{heads}{f}{salt}'.encode()))
     ei, n = graph_of(graph, gen)
     g = DFGraph.from_edge_index(ei.cuda(), size=(n, n))
     value, query, key, _ = make_inputs(kind, n, n, heads, f, f, dtype, gen,
@@ -110,7 +151,6 @@ def test_short_rows_match_reference(graph, kind, dtype, heads, f, slices,
     def run():
         return cuda.fused_attention_cuda(g, kind, value, query, key, None,
                                          scale, 0.2, strategy='smmf')
-    nv = expected_slices(slices, f, vw)
     out, ran = short_kernels_run(run, nv)
     assert ran == ({'rows_fwd_kernel'} if expect_rows else set())
     assert torch.isfinite(out).all(), 'unwritten or non-finite output'
