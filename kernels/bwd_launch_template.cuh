@@ -218,8 +218,8 @@ void run_passes(Args& A, int optin) {
       VEC && KIND != kGatv2 && !lean &&
       short_shapes(KIND, VEC, H, D, F, VW,
                    A.edge_key.defined() || A.edge_value.defined());
-  const int nv_rows = short_slices(KIND, F, VW, ShortPass::kRows);
-  const int nv_cols = short_slices(KIND, F, VW, ShortPass::kCols);
+  const int nv_rows = short_slices(KIND, n_dst, H, F, VW, ShortPass::kRows);
+  const int nv_cols = short_slices(KIND, n_src, H, F, VW, ShortPass::kCols);
   const bool short_rows =
       short_ok &&
       short_owners(mode, n_dst, E, A.max_in_degree, F / VW);

@@ -160,7 +160,8 @@ inline bool short_rows(const Launch& L, int vw) {
 template <typename scalar_t>
 void run_rows(const Launch& L) {
   constexpr int VW = Vec<scalar_t>::kWidth;
-  const int nv = short_slices(L.kind, L.F, VW, ShortPass::kFwd);
+  const int nv =
+      short_slices(L.kind, L.n_dst, L.H, L.F, VW, ShortPass::kFwd);
   const int lanes = short_lanes(L.H * L.F, VW * nv);
   const int64_t blocks = short_blocks(L.n_dst, lanes, kThreads);
   if (blocks <= 0) return;

@@ -112,31 +112,41 @@ enum class ShortPass { kFwd, kRows, kCols };
 // * 'dot' rows pass: fp32 1 (NV = 2 a tie, 4 slower: 161 registers);
 //   half 4 with >= 4 lanes a head (255 registers and spills, but mnist-like
 //   1 x 128 bf16 113 -> 91 us).
-// * 'dot' cols pass: fp32 4 (mnist-like 85 -> 78), half 1.
+// * 'dot' cols pass: fp32 4 with >= 4 lanes a head (mnist-like 85 -> 78;
+//   pattern-like 8 x 16, one lane a head: 627 -> 742), half 1.
+// * Small graphs keep kShortSlicesMinWarps warps an owner pass: cora-like
+//   bf16 'add' at 339 warps (8 rows a warp) lost 16 -> 19 us.
 // PYG_DFGNN_SHORT_SLICES (read per call): '1', '2' or '4' vectors a lane
-// in every pass where the head has that many (benchmarks and tests).
-inline int short_slices(int64_t kind, int64_t F, int vw, ShortPass pass) {
+// in every pass where the head has that many, at any size (benchmarks and
+// tests).
+constexpr int64_t kShortSlicesMinWarps = 4096;
+inline int short_slices(int64_t kind, int64_t n_owner, int64_t H, int64_t F,
+                        int vw, ShortPass pass) {
   auto fits = [&](int nv, int min_lanes) {
     return F % ((int64_t)vw * nv) == 0 && F / ((int64_t)vw * nv) >= min_lanes;
   };
-  auto widest = [&](int nv, int min_lanes) {
-    while (nv > 1 && !fits(nv, min_lanes)) nv /= 2;
+  auto widest = [&](int nv, int min_lanes, bool any_size) {
+    while (nv > 1 &&
+           (!fits(nv, min_lanes) ||
+            (!any_size && n_owner * short_lanes(H * F, vw * nv) <
+                              kShortSlicesMinWarps * kWarpSize)))
+      nv /= 2;
     return nv;
   };
   const char* env = std::getenv("PYG_DFGNN_SHORT_SLICES");
   if (env != nullptr && *env != '\0') {
     const int nv = std::atoi(env);
-    return nv == 2 || nv == 4 ? widest(nv, 1) : 1;
+    return nv == 2 || nv == 4 ? widest(nv, 1, true) : 1;
   }
   const bool half = vw > 4;
-  if (kind == kAdd) return widest(4, 1);
+  if (kind == kAdd) return widest(4, 1, false);
   switch (pass) {
     case ShortPass::kFwd:
-      return widest(16 / vw, 4);
+      return widest(16 / vw, 4, false);
     case ShortPass::kRows:
-      return half ? widest(4, 4) : 1;
+      return half ? widest(4, 4, false) : 1;
     default:
-      return half ? 1 : widest(4, 1);
+      return half ? 1 : widest(4, 4, false);
   }
 }
 

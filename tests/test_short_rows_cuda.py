@@ -48,6 +48,11 @@ def graph_of(name, gen):
     if name == 'isolated':  # every other destination without edges
         ei, n = molecules(gen)
         return ei[:, ei[1] % 2 == 0], n
+    if name == 'many-molecules':  # 34,500 rows: short_slices' sizes
+        return molecules(gen, graphs=1500)
+    if name == 'many-isolated':
+        ei, n = molecules(gen, graphs=1500)
+        return ei[:, ei[1] % 2 == 0], n
     if name == 'one':
         return torch.tensor([[0], [0]]), 1
     return torch.empty(2, 0, dtype=torch.long), 5  # 'empty'
@@ -102,19 +107,23 @@ def test_short_rows_match_reference(graph, kind, dtype, heads, f, slices,
 
 # short_slices' rule (kernels/short_rows.cuh) per kernel: 'add' 4 vectors
 # a lane everywhere; 'dot' forward 16 elements a lane with >= 4 lanes a
-# head, rows pass fp32 1 / half 4 (>= 4 lanes a head), cols pass fp32 4 /
-# half 1. The forward and the rows pass then form a row's scores with
-# different sums: the gradients must still match the reference.
-@pytest.mark.parametrize('kind,dtype,heads,f,fwd,rows,cols', [
-    ('dot', torch.float32, 1, 128, 4, 1, 4),
-    ('dot', torch.float32, 4, 32, 2, 1, 4),
-    ('dot', torch.bfloat16, 1, 128, 2, 4, 1),
-    ('dot', torch.float16, 4, 32, 1, 1, 1),
-    ('add', torch.float32, 1, 128, 4, 4, 4),
-    ('add', torch.bfloat16, 8, 16, 2, 2, 2),
+# head, rows pass fp32 1 / half 4, cols pass fp32 4 / half 1 (>= 4 lanes a
+# head); fewer where a pass would have under 4,096 warps. The forward and
+# the rows pass then form a row's scores with different sums: the
+# gradients must still match the reference.
+@pytest.mark.parametrize('graph,kind,dtype,heads,f,fwd,rows,cols', [
+    ('many-molecules', 'dot', torch.float32, 1, 128, 4, 1, 4),
+    ('many-isolated', 'dot', torch.float32, 1, 128, 4, 1, 4),
+    ('many-molecules', 'dot', torch.float32, 4, 32, 2, 1, 2),
+    ('many-molecules', 'dot', torch.bfloat16, 1, 128, 2, 4, 1),
+    ('many-isolated', 'dot', torch.bfloat16, 1, 128, 2, 4, 1),
+    ('many-molecules', 'dot', torch.float16, 4, 32, 1, 1, 1),
+    ('many-molecules', 'add', torch.float32, 1, 128, 4, 4, 4),
+    ('many-isolated', 'add', torch.bfloat16, 8, 16, 2, 2, 2),
+    ('molecules', 'add', torch.float32, 1, 128, 1, 1, 1),  # 920 rows
+    ('molecules', 'dot', torch.bfloat16, 1, 128, 1, 1, 1),
 ])
-@pytest.mark.parametrize('graph', ['molecules', 'isolated'])
-def test_short_slices_rule(kind, dtype, heads, f, fwd, rows, cols, graph,
+def test_short_slices_rule(graph, kind, dtype, heads, f, fwd, rows, cols,
                            monkeypatch):
     monkeypatch.delenv('PYG_DFGNN_SHORT_SLICES', raising=False)
     check_short(graph, kind, dtype, heads, f,
