@@ -1,6 +1,6 @@
 // The backward's two passes for short owners (molecule-sized batches,
 // graphs of low degree; short_rows.cuh): a warp per owner (or 32 / lanes
-// owners where fewer lanes hold one), each lane one VW-vector of the
+// owners where fewer lanes hold one), each lane NV VW-vectors of the
 // owner's features, two edges in flight, every sum in registers; no shared
 // memory, no chunks, no block phases. The block passes (bwd_rows_pass.cuh,
 // bwd_cols_pass.cuh) spent zinc-like's backward in that machinery: 0.34 ms
@@ -15,8 +15,8 @@
 // edge score in the score and its gradient (d es = ds, the cols pass),
 // dropout (the forward's Philox mask, regenerated), the returned weights'
 // gradient in dp. Scores are formed as the short-row forward forms them
-// (lane_dot and head_sums: same products, same sums); a one-edge row's p
-// is taken as exactly 1 (its dQ exactly 0) whichever forward formed lse.
+// at the same NV (lane_dot, head_sums: same sums; short_slices); a one-
+// edge row's p is exactly 1 (its dQ exactly 0) whichever forward formed lse.
 #pragma once
 
 #include "bwd_common.cuh"

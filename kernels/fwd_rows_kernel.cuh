@@ -1,6 +1,6 @@
 // Short rows (molecule-sized batches, graphs of low in-degree): a warp per
 // row (or 32 / lanes rows where fewer lanes hold one; short_rows.cuh), each
-// lane one VW-vector of the row's H * F features, an online softmax per
+// lane NV VW-vectors of the row's H * F features, an online softmax per
 // head in registers, two edges in flight; no shared memory, no block phases.
 // SMMF's block of 8 warps spent its time in the machinery around 32-edge
 // chunks (row counter, staged query, per-head softmax reductions) when a
