@@ -1,7 +1,7 @@
 // The backward's two passes for short owners (molecule-sized batches,
 // graphs of low degree; short_rows.cuh): a warp per owner (or 32 / lanes
 // owners where fewer lanes hold one), each lane NV VW-vectors of the
-// owner's features, two edges in flight, every sum in registers; no shared
+// owner's features, S edges a step, every sum in registers; no shared
 // memory, no chunks, no block phases. The block passes (bwd_rows_pass.cuh,
 // bwd_cols_pass.cuh) spent zinc-like's backward in that machinery: 0.34 ms
 // of its 0.42 ms forward + backward after the short-row forward.
@@ -63,6 +63,7 @@ __global__ void __launch_bounds__(kShortThreads,
     short_rows_bwd_kernel(BwdArgs<T, I> a, int lanes) {
   static_assert(KIND == kDot || KIND == kAdd, "short: 'dot' or 'add'");
   constexpr int EW = VW * NV;  // a lane's elements
+  constexpr int S = kShortStep<KIND, EW>;  // edges a step (the forward's)
   const int H = a.H, F = a.F, HF = H * F;
   const OwnerLane o = owner_lane<VW, NV>(lanes, a.n_owner, H, F);
   const int64_t row = o.owner;
@@ -82,10 +83,10 @@ __global__ void __launch_bounds__(kShortThreads,
   const int64_t elo = o.has ? a.ptr[row] : 0;
   const int64_t ehi = o.has ? a.ptr[row + 1] : 0;
   const bool one_edge = ehi - elo == 1;
-  // steps of two edges: the longest of the warp's rows (warp-uniform, the
+  // steps of S edges: the longest of the warp's rows (warp-uniform, the
   // shuffles need every lane)
   const unsigned steps =
-      __reduce_max_sync(kFullMask, (unsigned)((ehi - elo + 1) / 2));
+      __reduce_max_sync(kFullMask, (unsigned)((ehi - elo + S - 1) / S));
   // 'dot': A = sum t k, B = sum p k (vectors); 'add': sum t leaky',
   // sum p leaky' (the head's scalars, in acc_a[0] / acc_b[0])
   float acc_a[EW], acc_b[EW], dsum = 0.f;
@@ -94,7 +95,7 @@ __global__ void __launch_bounds__(kShortThreads,
   // Base pointers, as the short-row forward (issue-bound): this lane's
   // columns of the neighbour rows (int32 indices: a 32x32-bit wide
   // multiply per edge) and its head's column of the edge scores / ebuf,
-  // stepped two edges a step (the edge-score pointer whether or not there
+  // stepped S edges a step (the edge-score pointer whether or not there
   // are any: no null test in the loop).
   const T* k_lane = KIND == kDot ? a.nbr_a + o.c0 : a.nbr_a + h;
   const int k_stride = KIND == kDot ? HF : H;
@@ -102,63 +103,84 @@ __global__ void __launch_bounds__(kShortThreads,
   const bool has_es = kHasScore<FEAT> && a.et.es != nullptr && o.on;
   const T* es_lane = (has_es ? a.et.es : a.own_a) + elo * H + h;
   float2* ebuf_lane = a.ebuf + elo * H + h;
-  const int64_t lane_step = 2 * (int64_t)H;
+  const int64_t lane_step = S * (int64_t)H;
   const T* galpha = kHasWeights<FEAT> ? a.galpha : nullptr;
   uint64_t seed, offset;
   drop_begin<FEAT>(a.drop, seed, offset);
   DropoutBatch<FEAT> drop(H, lanes);
   for (unsigned st = 0; st < steps;
        ++st, es_lane += lane_step, ebuf_lane += lane_step) {
-    const int64_t e = elo + 2 * (int64_t)st;
-    const bool one = e < ehi, two = e + 1 < ehi;
-    const I j0 = one ? a.idx[e] : 0;
-    const I j1 = two ? a.idx[e + 1] : j0;
-    float k[2][EW], v[2][EW], kh[2] = {0.f, 0.f};
+    const int64_t e = elo + S * (int64_t)st;
+    const bool one = e < ehi, two = S == 2 && e + 1 < ehi;
+    I j[S];
+    j[0] = one ? a.idx[e] : 0;
+    if constexpr (S == 2) j[1] = two ? a.idx[e + 1] : j[0];
+    float k[S][EW], v[S][EW], kh[S];
 #pragma unroll
-    for (int i = 0; i < EW; ++i) k[0][i] = k[1][i] = v[0][i] = v[1][i] = 0.f;
+    for (int u = 0; u < S; ++u) {
+      kh[u] = 0.f;
+#pragma unroll
+      for (int i = 0; i < EW; ++i) k[u][i] = v[u][i] = 0.f;
+    }
     if (o.on && one) {
       if constexpr (KIND == kDot) {
-        load_slices<T, VW, NV>(k_lane + (int64_t)j0 * k_stride, sv, k[0]);
-        load_slices<T, VW, NV>(k_lane + (int64_t)j1 * k_stride, sv, k[1]);
+#pragma unroll
+        for (int u = 0; u < S; ++u)
+          load_slices<T, VW, NV>(k_lane + (int64_t)j[u] * k_stride, sv,
+                                 k[u]);
       } else {
-        kh[0] = to_float(k_lane[(int64_t)j0 * k_stride]);
-        kh[1] = to_float(k_lane[(int64_t)j1 * k_stride]);
+#pragma unroll
+        for (int u = 0; u < S; ++u)
+          kh[u] = to_float(k_lane[(int64_t)j[u] * k_stride]);
       }
-      load_slices<T, VW, NV>(v_lane + (int64_t)j0 * HF, sv, v[0]);
-      load_slices<T, VW, NV>(v_lane + (int64_t)j1 * HF, sv, v[1]);
+#pragma unroll
+      for (int u = 0; u < S; ++u)
+        load_slices<T, VW, NV>(v_lane + (int64_t)j[u] * HF, sv, v[u]);
     }
-    float s[2], gz[2] = {1.f, 1.f}, dp[2], term[2] = {0.f, 0.f};
+    float s[S], gz[S], dp[S], term[S];
+#pragma unroll
+    for (int u = 0; u < S; ++u) gz[u] = 1.f, term[u] = 0.f;
     if (has_es && one) {
       term[0] = to_float(es_lane[0]);
-      if (two) term[1] = to_float(es_lane[H]);
+      if constexpr (S == 2)
+        if (two) term[1] = to_float(es_lane[H]);
     }
-    // the two edges' head sums at once (head_sums: group_sum's sums in
-    // fewer shuffles)
+    // the step's head sums at once (head_sums: group_sum's sums in fewer
+    // shuffles): scores first, then dp
     if constexpr (KIND == kDot) {
-      float x[4] = {lane_dot<EW>(q, k[0]), lane_dot<EW>(q, k[1]),
-                    lane_dot<EW>(dout, v[0]), lane_dot<EW>(dout, v[1])};
-      head_sums<4>(x, G);
+      float x[2 * S];
 #pragma unroll
-      for (int u = 0; u < 2; ++u) {
+      for (int u = 0; u < S; ++u) {
+        x[u] = lane_dot<EW>(q, k[u]);
+        x[S + u] = lane_dot<EW>(dout, v[u]);
+      }
+      head_sums<2 * S>(x, G);
+#pragma unroll
+      for (int u = 0; u < S; ++u) {
         s[u] = fmaf(x[u], a.scale, term[u]);
-        dp[u] = x[2 + u];
+        dp[u] = x[S + u];
       }
     } else {
-      float x[2] = {lane_dot<EW>(dout, v[0]), lane_dot<EW>(dout, v[1])};
-      head_sums<2>(x, G);
+      float x[S];
 #pragma unroll
-      for (int u = 0; u < 2; ++u) {
+      for (int u = 0; u < S; ++u) x[u] = lane_dot<EW>(dout, v[u]);
+      if constexpr (S == 2)
+        head_sums<2>(x, G);
+      else
+        x[0] = group_sum(x[0], G);
+#pragma unroll
+      for (int u = 0; u < S; ++u) {
         const float z = qh + kh[u] + term[u];
         s[u] = leaky_relu(z, a.slope);
         gz[u] = leaky_relu_grad(z, a.slope);
         dp[u] = x[u];
       }
     }
-    float fu[2];
-    drop.step(a.drop, seed, offset, elo, e, st, h, fu);
+    float fu[S];
+    drop.template step<S>(a.drop, seed, offset, elo, e, st, h, fu);
     if (!one) continue;  // (this row is done; the shuffles above ran)
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
+    for (int u = 0; u < S; ++u) {
       if (u == 1 && !two) break;
       // out_i = sum_j f p_ij v_j: dL/dp_ij = f dp_ij (+ the returned
       // weights' own gradient)

@@ -150,6 +150,14 @@ inline int short_slices(int64_t kind, int64_t n_owner, int64_t H, int64_t F,
   }
 }
 
+// Edges a step of the forward and the rows pass: two in flight, but one
+// for 'dot' from 16 elements a lane, where a lane's NV loads already keep
+// several in flight and a second edge's K / V rows (four more row arrays
+// in the rows pass) cost residency: fp32 NV = 4 forward 117 registers,
+// rows pass 161 at two edges.
+template <int KIND, int EW>
+inline constexpr int kShortStep = KIND == kDot && EW >= 16 ? 1 : 2;
+
 // The kernels' instantiations for a short_slices value (1, 2 or 4).
 template <typename Fn>
 inline void dispatch_slices(int nv, Fn&& fn) {

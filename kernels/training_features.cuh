@@ -229,16 +229,19 @@ struct DropoutBatch {
     const unsigned b = __shfl_sync(kFullMask, bits, src & (kWarpSize - 1));
     return (b >> (h & 3)) & 1u ? 0.f : d.keep_scale;
   }
-  // The factors of step st of an owner's edges from elo (edges e = elo +
-  // 2 st and e + 1) for head h: a new batch's bits drawn at its first step.
+  // The factors of step st of S edges of an owner's edges from elo (edges
+  // e = elo + S st, e + 1) for head h: a new batch's bits drawn at its
+  // first step (batches are even: a step never straddles two).
+  template <int S>
   __device__ __forceinline__ void step(const DropoutMask& d, uint64_t seed,
                                        uint64_t offset, int64_t elo,
                                        int64_t e, unsigned st, int h,
-                                       float (&f)[2]) {
-    const int rel = 2 * (int)st, k = rel % batch;
+                                       float (&f)[S]) {
+    static_assert(S == 1 || S == 2, "DropoutBatch: 1 or 2 edges a step");
+    const int rel = S * (int)st, k = rel % batch;
     if (k == 0) refresh(d, seed, offset, elo + rel);
     f[0] = factor(d, seed, offset, e, k, h);
-    f[1] = factor(d, seed, offset, e + 1, k + 1, h);
+    if constexpr (S == 2) f[1] = factor(d, seed, offset, e + 1, k + 1, h);
   }
 };
 
