@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kShortThreads,
     short_rows_bwd_kernel(BwdArgs<T, I> a, int lanes) {
   static_assert(KIND == kDot || KIND == kAdd, "short: 'dot' or 'add'");
   constexpr int EW = VW * NV;  // a lane's elements
-  constexpr int S = kShortStep<KIND, EW>;  // edges a step (the forward's)
+  constexpr int S = kShortRowsStep<KIND, VW, EW>;  // edges a step
   const int H = a.H, F = a.F, HF = H * F;
   const OwnerLane o = owner_lane<VW, NV>(lanes, a.n_owner, H, F);
   const int64_t row = o.owner;

@@ -1,7 +1,7 @@
 // Short rows (molecule-sized batches, graphs of low in-degree): a warp per
 // row (or 32 / lanes rows where fewer lanes hold one; short_rows.cuh), each
 // lane NV VW-vectors of the row's H * F features, an online softmax per
-// head in registers, S edges a step; no shared memory, no block phases.
+// head in registers, two edges in flight; no shared memory, no block phases.
 // SMMF's block of 8 warps spent its time in the machinery around 32-edge
 // chunks (row counter, staged query, per-head softmax reductions) when a
 // row has ~2 edges (zinc-like under ncu: 33% of DRAM bandwidth, 1.2
@@ -40,7 +40,6 @@ __global__ void __launch_bounds__(kThreads,
   static_assert(KIND == kDot || KIND == kAdd, "rows: 'dot' or 'add'");
   static_assert(sizeof(I) == 4, "rows: int32 neighbour indices");
   constexpr int EW = VW * NV;  // a lane's elements
-  constexpr int S = kShortStep<KIND, EW>;  // edges a step
   const int H = a.H, F = a.F, HF = H * F;
   const OwnerLane o = owner_lane<VW, NV>(lanes, a.n_dst, H, F);
   const int64_t row = o.owner;
@@ -70,104 +69,80 @@ __global__ void __launch_bounds__(kThreads,
   DropoutBatch<FEAT> drop(H, lanes);
   const int64_t elo = has_row ? a.rowptr[row] : 0;
   const int64_t ehi = has_row ? a.rowptr[row + 1] : 0;
-  // the head's edge scores of this row, S per step (stepped whether or
+  // the head's edge scores of this row, two per step (stepped whether or
   // not there are any: no null test in the loop)
   const bool has_es = es != nullptr && on;
   const T* es_lane = (has_es ? es : a.q) + elo * H + h;
-  const int64_t es_step = S * (int64_t)H;
+  const int64_t es_step = 2 * (int64_t)H;
   // 'add': the score of an edge from source j, its edge score `term` (all
   // lanes of a head agree)
   auto score = [&](int j, float term) -> float {
     return leaky_relu(qh + to_float(k_lane[(int64_t)j * k_stride]) + term,
                       a.slope);
   };
-  // steps of S edges: the longest of the warp's rows (warp-uniform)
+  // steps of two edges: the longest of the warp's rows (warp-uniform)
   const unsigned steps =
-      __reduce_max_sync(kFullMask, (unsigned)((ehi - elo + S - 1) / S));
+      __reduce_max_sync(kFullMask, (unsigned)((ehi - elo + 1) / 2));
   float m = -INFINITY, l = 0.f, acc[EW];
 #pragma unroll
   for (int i = 0; i < EW; ++i) acc[i] = 0.f;
   for (unsigned st = 0; st < steps; ++st) {
-    const int64_t e = elo + S * (int64_t)st;
-    const bool one = e < ehi, two = S == 2 && e + 1 < ehi;
-    int j[S];
-    j[0] = one ? (int)a.col[e] : 0;
-    if constexpr (S == 2) j[1] = two ? (int)a.col[e + 1] : j[0];
-    float kx[S][EW], vx[S][EW];
+    const int64_t e = elo + 2 * (int64_t)st;
+    const bool one = e < ehi, two = e + 1 < ehi;
+    const int j0 = one ? (int)a.col[e] : 0;
+    const int j1 = two ? (int)a.col[e + 1] : j0;
+    float k0[EW], k1[EW], v0[EW], v1[EW];
 #pragma unroll
-    for (int u = 0; u < S; ++u)
-#pragma unroll
-      for (int i = 0; i < EW; ++i) kx[u][i] = vx[u][i] = 0.f;
+    for (int i = 0; i < EW; ++i) k0[i] = k1[i] = v0[i] = v1[i] = 0.f;
     if (on && one) {
       if constexpr (KIND == kDot) {
-#pragma unroll
-        for (int u = 0; u < S; ++u)
-          load_slices<T, VW, NV>(k_lane + (int64_t)j[u] * HF, sv, kx[u]);
+        load_slices<T, VW, NV>(k_lane + (int64_t)j0 * HF, sv, k0);
+        load_slices<T, VW, NV>(k_lane + (int64_t)j1 * HF, sv, k1);
       }
-#pragma unroll
-      for (int u = 0; u < S; ++u)
-        load_slices<T, VW, NV>(v_lane + (int64_t)j[u] * HF, sv, vx[u]);
+      load_slices<T, VW, NV>(v_lane + (int64_t)j0 * HF, sv, v0);
+      load_slices<T, VW, NV>(v_lane + (int64_t)j1 * HF, sv, v1);
     }
-    float t[S];
-#pragma unroll
-    for (int u = 0; u < S; ++u) t[u] = 0.f;
+    float t0 = 0.f, t1 = 0.f;
     if (has_es && one) {
-      t[0] = to_float(es_lane[0]);
-      if constexpr (S == 2)
-        if (two) t[1] = to_float(es_lane[H]);
+      t0 = to_float(es_lane[0]);
+      if (two) t1 = to_float(es_lane[H]);
     }
     es_lane += es_step;
-    float s[S];
+    float s0, s1r;
     if constexpr (KIND == kDot) {
-      float d[S];
-#pragma unroll
-      for (int u = 0; u < S; ++u) d[u] = lane_dot<EW>(q, kx[u]);
+      float d[2] = {lane_dot<EW>(q, k0), lane_dot<EW>(q, k1)};
       // Half precision: both sums in one butterfly (head_sums, -2 to -5 %
       // on mnist- / zinc-like). fp32: one at a time -- the butterfly's
       // registers (47 -> 50) cost a resident block, +5 to +8 % (H100,
       // session 31).
-      if constexpr (S == 2 && VW == 8) {
+      if constexpr (VW == 8) {
         head_sums<2>(d, G);
       } else {
-#pragma unroll
-        for (int u = 0; u < S; ++u) d[u] = group_sum(d[u], G);
+        d[0] = group_sum(d[0], G);
+        d[1] = group_sum(d[1], G);
       }
-#pragma unroll
-      for (int u = 0; u < S; ++u) s[u] = fmaf(d[u], a.scale, t[u]);
+      s0 = fmaf(d[0], a.scale, t0);
+      s1r = fmaf(d[1], a.scale, t1);
     } else {
-#pragma unroll
-      for (int u = 0; u < S; ++u) s[u] = score(j[u], t[u]);
+      s0 = score(j0, t0);
+      s1r = score(j1, t1);
     }
     // the aggregation takes the dropped p / (1 - drop), the row sum p
-    float f[S];
-    drop.template step<S>(a.drop, seed, offset, elo, e, st, h, f);
+    float f[2];
+    drop.step(a.drop, seed, offset, elo, e, st, h, f);
     if (!one) continue;  // (this row is done; the shuffles above ran)
-    if constexpr (S == 2) s[1] = two ? s[1] : -INFINITY;
+    const float s1 = two ? s1r : -INFINITY;
     if (sc_out != nullptr && on && c0 % F == 0) {  // the head's first lane
-      sc_out[e * H + h] = s[0];
-      if constexpr (S == 2)
-        if (two) sc_out[(e + 1) * H + h] = s[1];
+      sc_out[e * H + h] = s0;
+      if (two) sc_out[(e + 1) * H + h] = s1;
     }
-    float m_new, p[S];
-    if constexpr (S == 2)
-      m_new = fmaxf(m, fmaxf(s[0], s[1]));
-    else
-      m_new = fmaxf(m, s[0]);
+    const float m_new = fmaxf(m, fmaxf(s0, s1));
     const float corr = expf(m - m_new);  // 0 on the first edge
-    p[0] = expf(s[0] - m_new);
-    if constexpr (S == 2) {
-      p[1] = two ? expf(s[1] - m_new) : 0.f;
-      l = fmaf(l, corr, p[0] + p[1]);
+    const float p0 = expf(s0 - m_new), p1 = two ? expf(s1 - m_new) : 0.f;
+    l = fmaf(l, corr, p0 + p1);
 #pragma unroll
-      for (int i = 0; i < EW; ++i)
-        acc[i] = fmaf(p[1] * f[1], vx[1][i],
-                      fmaf(p[0] * f[0], vx[0][i], acc[i] * corr));
-    } else {
-      l = fmaf(l, corr, p[0]);
-#pragma unroll
-      for (int i = 0; i < EW; ++i)
-        acc[i] = fmaf(p[0] * f[0], vx[0][i], acc[i] * corr);
-    }
+    for (int i = 0; i < EW; ++i)
+      acc[i] = fmaf(p1 * f[1], v1[i], fmaf(p0 * f[0], v0[i], acc[i] * corr));
     m = m_new;
   }
   if (!on) return;

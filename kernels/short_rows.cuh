@@ -109,9 +109,11 @@ enum class ShortPass { kFwd, kRows, kCols };
 // * 'dot' forward: 16 elements a lane (fp32 4, half 2) while a head keeps
 //   >= 4 lanes -- mnist-like 1 x 128 fp32 96 -> 77, bf16 72 -> 66; NV = 4
 //   at 4 x 32 fp32 (2 lanes a head) and in bf16 (218 registers) lost.
-// * 'dot' rows pass: fp32 1 (NV = 2 a tie, 4 slower: 161 registers);
-//   half 4 with >= 4 lanes a head (255 registers and spills, but mnist-like
-//   1 x 128 bf16 113 -> 91 us).
+// * 'dot' rows pass: fp32 4 with >= 4 lanes a head, one edge a step
+//   (kShortRowsStep; mnist- / zinc-like 1 x 128 115 -> 101 / 91 -> 86 us,
+//   arxiv-like 459 -> 468), else 1 (NV = 2 a tie); half 4 with >= 4 lanes
+//   a head (255 registers and spills, but mnist-like 1 x 128 bf16 113 ->
+//   91 us).
 // * 'dot' cols pass: fp32 4 with >= 4 lanes a head (mnist-like 85 -> 78;
 //   pattern-like 8 x 16, one lane a head: 627 -> 742), half 1.
 // * Small graphs keep kShortSlicesMinWarps warps an owner pass: cora-like
@@ -144,19 +146,20 @@ inline int short_slices(int64_t kind, int64_t n_owner, int64_t H, int64_t F,
     case ShortPass::kFwd:
       return widest(16 / vw, 4, false);
     case ShortPass::kRows:
-      return half ? widest(4, 4, false) : 1;
+      return widest(4, 4, false) == 4 ? 4 : 1;
     default:
       return half ? 1 : widest(4, 4, false);
   }
 }
 
-// Edges a step of the forward and the rows pass: two in flight, but one
-// for 'dot' from 16 elements a lane, where a lane's NV loads already keep
-// several in flight and a second edge's K / V rows (four more row arrays
-// in the rows pass) cost residency: fp32 NV = 4 forward 117 registers,
-// rows pass 161 at two edges.
-template <int KIND, int EW>
-inline constexpr int kShortStep = KIND == kDot && EW >= 16 ? 1 : 2;
+// Edges a step of the rows pass: two in flight, but one for fp32 'dot' at
+// 16 elements a lane, where two steps' K / V rows took 161 registers
+// (124 at one edge): mnist-like 1 x 128 rows pass at NV = 4 123 -> 101 us
+// (115 at NV = 1). The forward keeps two: one edge a step made it slower
+// (fp32 NV = 4 77 -> 85 us, bf16 NV = 2 66 -> 76; H100, session 38).
+template <int KIND, int VW, int EW>
+inline constexpr int kShortRowsStep =
+    KIND == kDot && VW == 4 && EW >= 16 ? 1 : 2;
 
 // The kernels' instantiations for a short_slices value (1, 2 or 4).
 template <typename Fn>

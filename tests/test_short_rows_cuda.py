@@ -107,13 +107,14 @@ def test_short_rows_match_reference(graph, kind, dtype, heads, f, slices,
 
 # short_slices' rule (kernels/short_rows.cuh) per kernel: 'add' 4 vectors
 # a lane everywhere; 'dot' forward 16 elements a lane with >= 4 lanes a
-# head, rows pass fp32 1 / half 4, cols pass fp32 4 / half 1 (>= 4 lanes a
-# head); fewer where a pass would have under 4,096 warps. The forward and
-# the rows pass then form a row's scores with different sums: the
-# gradients must still match the reference.
+# head, rows pass 4 (>= 4 lanes a head; fp32 one edge a step) or 1, cols
+# pass fp32 4 / half 1 (>= 4 lanes a head); fewer where a pass would have
+# under 4,096 warps. Where the forward and the rows pass differ they form
+# a row's scores with different sums: the gradients must still match the
+# reference.
 @pytest.mark.parametrize('graph,kind,dtype,heads,f,fwd,rows,cols', [
-    ('many-molecules', 'dot', torch.float32, 1, 128, 4, 1, 4),
-    ('many-isolated', 'dot', torch.float32, 1, 128, 4, 1, 4),
+    ('many-molecules', 'dot', torch.float32, 1, 128, 4, 4, 4),
+    ('many-isolated', 'dot', torch.float32, 1, 128, 4, 4, 4),
     ('many-molecules', 'dot', torch.float32, 4, 32, 2, 1, 2),
     ('many-molecules', 'dot', torch.bfloat16, 1, 128, 2, 4, 1),
     ('many-isolated', 'dot', torch.bfloat16, 1, 128, 2, 4, 1),
