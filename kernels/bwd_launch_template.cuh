@@ -147,12 +147,15 @@ void launch(const BwdArgs<T, I>& args, const at::Tensor& ptr,
   }
 }
 
-// A pass for short owners (bwd_short_kernel.cuh): a warp per owner.
+// A pass for short owners (bwd_short_kernel.cuh): a warp per owner (or
+// several: short_slices' vectors a lane).
 // (instantiated only where it can be taken: the vector kernels)
 template <typename T, typename I, int KIND, bool VEC, int FEAT, bool COLS>
-void launch_short(const BwdArgs<T, I>& a, int nv) {
+void launch_short(const BwdArgs<T, I>& a) {
   if constexpr (KIND != kGatv2 && VEC) {
     constexpr int VW = Vec<T>::kWidth;
+    const int nv = short_slices(KIND, a.n_owner, a.H, a.F, VW,
+                                COLS ? ShortPass::kCols : ShortPass::kRows);
     const int lanes = short_lanes((int64_t)a.H * a.F, VW * nv);
     const int64_t blocks = short_blocks(a.n_owner, lanes, kShortThreads);
     if (blocks <= 0) return;
@@ -218,8 +221,6 @@ void run_passes(Args& A, int optin) {
       VEC && KIND != kGatv2 && !lean &&
       short_shapes(KIND, VEC, H, D, F, VW,
                    A.edge_key.defined() || A.edge_value.defined());
-  const int nv_rows = short_slices(KIND, n_dst, H, F, VW, ShortPass::kRows);
-  const int nv_cols = short_slices(KIND, n_src, H, F, VW, ShortPass::kCols);
   const bool short_rows =
       short_ok &&
       short_owners(mode, n_dst, E, A.max_in_degree, F / VW);
@@ -252,7 +253,7 @@ void run_passes(Args& A, int optin) {
         nullptr, fopt);
   };
   if (short_rows)
-    launch_short<T, I, KIND, VEC, FEAT, false>(r, nv_rows);
+    launch_short<T, I, KIND, VEC, FEAT, false>(r);
   else if (kLanesOk && rows_lanes)
     rows(std::bool_constant<kLanesOk>{});
   else
@@ -276,7 +277,7 @@ void run_passes(Args& A, int optin) {
   c.group = std::min(32, next_pow2(slots_k + slots_v));
   at::Tensor att_part;
   if (short_cols) {
-    launch_short<T, I, KIND, VEC, FEAT, true>(c, nv_cols);
+    launch_short<T, I, KIND, VEC, FEAT, true>(c);
     return;
   }
   PYG_DFGNN_DISPATCH_BOOL(lean, LEAN, [&] {

@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(kShortThreads,
       }
     }
     float fu[S];
-    drop.template step<S>(a.drop, seed, offset, elo, e, st, h, fu);
+    drop.step(a.drop, seed, offset, elo, e, st, h, fu);
     if (!one) continue;  // (this row is done; the shuffles above ran)
 #pragma unroll
     for (int u = 0; u < S; ++u) {

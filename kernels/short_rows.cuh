@@ -153,8 +153,8 @@ inline int short_slices(int64_t kind, int64_t n_owner, int64_t H, int64_t F,
 }
 
 // Edges a step of the rows pass: two in flight, but one for fp32 'dot' at
-// 16 elements a lane, where two steps' K / V rows took 161 registers
-// (124 at one edge): mnist-like 1 x 128 rows pass at NV = 4 123 -> 101 us
+// 16 elements a lane, where a step's second K / V rows took it to 161
+// registers (124 at one edge): mnist-like 1 x 128 rows pass at NV = 4 123 -> 101 us
 // (115 at NV = 1). The forward keeps two: one edge a step made it slower
 // (fp32 NV = 4 77 -> 85 us, bf16 NV = 2 66 -> 76; H100, session 38).
 template <int KIND, int VW, int EW>
@@ -190,6 +190,8 @@ __device__ __forceinline__ OwnerLane owner_lane(int lanes, int64_t n_owner,
                 (kWarpSize / lanes) +
             lane / lanes;
   o.has = o.owner < n_owner;
+  // (NV = 1 the same values without the division by G: the general form
+  // took the bounded fp32 'dot' cols pass from 8 to 44 spilled bytes)
   if constexpr (NV == 1) {
     o.c0 = (lane % lanes) * VW;
     o.on = o.has && o.c0 < H * F;

@@ -102,7 +102,7 @@ def test_short_rows_match_reference(graph, kind, dtype, heads, f, slices,
     monkeypatch.setenv('PYG_DFGNN_SHORT_SLICES', slices)
     vw = 16 // dtype.itemsize
     check_short(graph, kind, dtype, heads, f,
-                expected_slices(slices, f, vw), f'{slices}')
+                expected_slices(slices, f, vw), f'{slices}', monkeypatch)
 
 
 # short_slices' rule (kernels/short_rows.cuh) per kernel: 'add' 4 vectors
@@ -129,23 +129,15 @@ def test_short_slices_rule(graph, kind, dtype, heads, f, fwd, rows, cols,
     monkeypatch.delenv('PYG_DFGNN_SHORT_SLICES', raising=False)
     check_short(graph, kind, dtype, heads, f,
                 {'rows_fwd_kernel': fwd, 'short_rows_bwd_kernel': rows,
-                 'short_cols_bwd_kernel': cols}, 'rule')
+                 'short_cols_bwd_kernel': cols}, 'rule', monkeypatch)
 
 
-def check_short(graph, kind, dtype, heads, f, nv, salt):
+def check_short(graph, kind, dtype, heads, f, nv, salt, monkeypatch):
     """One case forced onto the short kernels (each run with ``nv``
     vectors a lane: a count or {kernel: count}): out and the gradients
     against the float64 reference, outputs poisoned first."""
     cuda = _cuda()
-    mp = pytest.MonkeyPatch()
-    mp.setenv('PYG_DFGNN_SHORT_ROWS', '1')
-    try:
-        _check_short(cuda, graph, kind, dtype, heads, f, nv, salt)
-    finally:
-        mp.undo()
-
-
-def _check_short(cuda, graph, kind, dtype, heads, f, nv, salt):
+    monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', '1')
     gen = torch.Generator().manual_seed(
         zlib.crc32(f'{graph}{kind}{dtype}{heads}{f}{salt}'.encode()))
     ei, n = graph_of(graph, gen)
