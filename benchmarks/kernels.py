@@ -361,6 +361,10 @@ def main(argv=None) -> List[Dict]:
                         help='the kernel ops (fwd / f+b ops columns) without '
                         'staging windows: plain blocks, to see what staging '
                         'buys per graph')
+    parser.add_argument('--tf32', action='store_true',
+                        help='fp32 under torch.backends.cuda.matmul.'
+                        'allow_tf32 (opt-in: the tensor-core windows take '
+                        'one TF32 product; rows labelled fp32+tf32)')
     args = parser.parse_args(argv)
 
     if args.plain and args.strategy == 'tc':
@@ -384,6 +388,10 @@ def main(argv=None) -> List[Dict]:
                   flush_l2=args.flush_l2)
     family = gpu_family(device)
     env = environment(device)
+    tf32_before = torch.backends.cuda.matmul.allow_tf32
+    if args.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        env['allow_tf32'] = True
     print(f"device: {env['device']} | torch {env['torch']} | anchors: "
           f"{family or ('H200' if device.type == 'cuda' else 'none (CPU)')}"
           f" | scale {scale}")
@@ -410,8 +418,11 @@ def main(argv=None) -> List[Dict]:
                     device, args.seed, family, args.strategy, args.plain)
                 rows.append(by_dtype[dtype_name])
             _bf16_speedup(by_dtype)
+            if args.tf32 and 'fp32' in by_dtype:
+                by_dtype['fp32']['dtype'] = 'fp32+tf32'
         del graph, edge_index
         free_memory(device)
+    torch.backends.cuda.matmul.allow_tf32 = tf32_before
     print()
     print_rows(rows)
     out = args.out or default_out('kernels', device)

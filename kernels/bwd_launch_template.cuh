@@ -38,7 +38,7 @@ struct Args {
 };
 
 template <typename T> void run_bwd(Args& a);
-template <typename T> void run_tc_bwd(Args& a);
+template <typename T> void run_tc_bwd(Args& a, bool one_tf32);
 template <typename T, int KIND> void run_bwd_kind(Args& a, int optin,
                                                   bool vec);
 // Each (dtype, kind) is instantiated in its own unit, none implicitly.
@@ -326,7 +326,8 @@ template <typename T, int KIND> void run_bwd_kind(Args& A, int optin,
 
 // Tensor-core windows (the host entry checked the conditions): a block per
 // window; grad_key / grad_value zeroed first (sources in no window).
-template <typename T> void run_tc_bwd(Args& A) {
+// one_tf32: fp32's products as one TF32 mma each (opt-in, strategy 6).
+template <typename T> void run_tc_bwd(Args& A, bool one_tf32) {
   const int64_t blocks = A.windows.numel() - 1;
   A.grad_key.zero_();
   A.grad_value.zero_();
@@ -355,20 +356,25 @@ template <typename T> void run_tc_bwd(Args& A) {
         a, A.windows.data_ptr<int64_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
-  switch (DH) {
-    case 16: go(tc_bwd_kernel<T, 16>); break;
-    case 32: go(tc_bwd_kernel<T, 32>); break;
-    case 64: go(tc_bwd_kernel<T, 64>); break;
-    case 128:
-      if constexpr (!std::is_same<T, float>::value) {
-        go(tc_bwd_kernel<T, 128>);
-        break;
-      }
-      [[fallthrough]];
-    default:
-      TORCH_CHECK(false, "fused_attention_bwd: tensor-core windows take D = "
-                  "F in {16, 32, 64, 128} (fp32: <= 64), got ", DH);
+  auto by_d = [&](auto one) {
+    constexpr bool k1 = decltype(one)::value;
+    switch (DH) {
+      case 16: go(tc_bwd_kernel<T, 16, k1>); break;
+      case 32: go(tc_bwd_kernel<T, 32, k1>); break;
+      case 64: go(tc_bwd_kernel<T, 64, k1>); break;
+      case 128: go(tc_bwd_kernel<T, 128, k1>); break;
+      default:
+        TORCH_CHECK(false, "fused_attention_bwd: tensor-core windows take D "
+                    "= F in {16, 32, 64, 128}, got ", DH);
+    }
+  };
+  if constexpr (std::is_same<T, float>::value) {
+    if (one_tf32) {
+      by_d(std::true_type{});
+      return;
+    }
   }
+  by_d(std::false_type{});
 }
 
 }  // namespace bwd

@@ -15,8 +15,9 @@
 // the same rows (fp16 / bf16 by ldmatrix.trans, fp32 by scalar reads). fp16
 // / bf16: 4 warps a block and two blocks an SM (a strip's S and dP take 128
 // registers, so 8 warps of 2 blocks would not fit), so that one block's
-// staging runs under the other's products. fp32 runs 3xTF32 (mma_tiles.cuh):
-// 8 warps, one block an SM.
+// staging runs under the other's products. fp32 runs 3xTF32 (mma_tiles.cuh),
+// or one TF32 product (kOneTf32: strategy 6, opt-in as the forward's 5): 8
+// warps, one block an SM.
 #pragma once
 
 #include <type_traits>
@@ -79,11 +80,12 @@ __host__ __device__ inline TcBwdLayout tc_bwd_layout(int DH, size_t elem) {
   return L;
 }
 
-template <typename T, int DH>
+template <typename T, int DH, bool kOneTf32 = false>
 __global__ void __launch_bounds__(tc_bwd_threads<T>(), tc_bwd_tf32<T>() ? 1 : 2)
     tc_bwd_kernel(TcBwdArgs<T> a, const int64_t* __restrict__ windows) {
   using M = MmaTile<T>;
   constexpr bool kTf32 = M::kTf32;
+  static_assert(kTf32 || !kOneTf32, "1xTF32: fp32 only");
   constexpr int kWarps = tc_bwd_warps<T>(), kThreads = tc_bwd_threads<T>();
   constexpr int kK = M::kK, kPad = (int)(16 / sizeof(T));
   constexpr int NS = DH + kPad;      // stride of the rows [128][DH]
@@ -154,8 +156,8 @@ __global__ void __launch_bounds__(tc_bwd_threads<T>(), tc_bwd_tf32<T>() ? 1 : 2)
       for (int k0 = 0; k0 < DH; k0 += kK) {
         const typename M::A fx = M::load_a(xa, xb, k0, q4);
         const typename M::A fy = M::load_a(ya, yb, k0, q4);
-        mma_nk_tf32<true>(s, fx, n_tiles, slot[0], NS, k0, lane);
-        mma_nk_tf32<true>(dp, fy, n_tiles, slot[1], NS, k0, lane);
+        mma_nk_tf32<!kOneTf32>(s, fx, n_tiles, slot[0], NS, k0, lane);
+        mma_nk_tf32<!kOneTf32>(dp, fy, n_tiles, slot[1], NS, k0, lane);
       }
     } else {
 #pragma unroll
@@ -183,8 +185,8 @@ __global__ void __launch_bounds__(tc_bwd_threads<T>(), tc_bwd_tf32<T>() ? 1 : 2)
       if (ok_a) store_vec<T, 2>(out + at_a + f, xa);
       if (ok_b) store_vec<T, 2>(out + at_b + f, xb);
     };
-    product_rows_store<T, kTcTiles, kOut, false, kTf32>(x, k_tiles, rows, NS,
-                                                       lane, store);
+    product_rows_store<T, kTcTiles, kOut, kOneTf32, kTf32>(x, k_tiles, rows,
+                                                          NS, lane, store);
   };
 
   for (int h = 0; h < H; ++h) {

@@ -14,9 +14,9 @@ template void run_bwd<float>(Args&);
 template void run_bwd<at::Half>(Args&);
 template void run_bwd<at::BFloat16>(Args&);
 // (the tensor-core windows' backward: fused_attention_bwd_tc_*.cu)
-extern template void run_tc_bwd<float>(Args&);
-extern template void run_tc_bwd<at::Half>(Args&);
-extern template void run_tc_bwd<at::BFloat16>(Args&);
+extern template void run_tc_bwd<float>(Args&, bool);
+extern template void run_tc_bwd<at::Half>(Args&, bool);
+extern template void run_tc_bwd<at::BFloat16>(Args&, bool);
 }  // namespace bwd
 }  // namespace pyg_dfgnn
 
@@ -250,29 +250,32 @@ fused_attention_bwd_cuda(
   a.grad_edge_key = grad_of(ek);
   a.grad_edge_value = a.ekv_shared ? at::empty({0}, value.options())
                                    : grad_of(ev);
-  // tensor-core windows (conditions: ops.h) after a TC (2) or SMMF (4)
-  // forward: both save the same lse
-  if (strategy == 2 || strategy == 4) {
+  // tensor-core windows (conditions: ops.h) after a TC (2, 6) or SMMF (4)
+  // forward: both save the same lse; 6: fp32's products as one TF32 mma
+  if (strategy == 2 || strategy == 4 || strategy == 6) {
     const int64_t DH = value.size(2);
+    TORCH_CHECK(strategy != 6 || dt == at::kFloat,
+                "fused_attention_bwd: strategy 6 (1xTF32 tensor-core "
+                "windows) takes float32 inputs");
     TORCH_CHECK(kind == kDot && !es.defined() && !ek.defined() &&
                     !ev.defined() && !galpha.defined() && dropout == 0.0 &&
                     it == at::kInt && a.windows.defined() &&
                     // edge multiplicities are counted in a byte
                     max_in_degree >= 0 && max_in_degree <= 255 &&
                     query.size(-1) == DH &&
-                    (DH == 16 || DH == 32 || DH == 64 ||
-                     (DH == 128 && dt != at::kFloat)),
+                    (DH == 16 || DH == 32 || DH == 64 || DH == 128),
                 "fused_attention_bwd: tensor-core windows take the 'dot' "
                 "kind, int32 indices, row windows, D = F in {16, 32, 64, "
-                "128} (fp32: <= 64), in-degrees <= 255 and no training "
-                "features");
+                "128}, in-degrees <= 255 and no training features");
     // (as the forward: the fragments read 4 bytes at a time)
     for (at::Tensor* t : {&a.query, &a.key, &a.value, &a.grad_out})
       *t = aligned16_or_copy(*t);
     switch (dt) {
-      case at::kFloat: pyg_dfgnn::bwd::run_tc_bwd<float>(a); break;
-      case at::kHalf: pyg_dfgnn::bwd::run_tc_bwd<at::Half>(a); break;
-      default: pyg_dfgnn::bwd::run_tc_bwd<at::BFloat16>(a); break;
+      case at::kFloat:
+        pyg_dfgnn::bwd::run_tc_bwd<float>(a, strategy == 6);
+        break;
+      case at::kHalf: pyg_dfgnn::bwd::run_tc_bwd<at::Half>(a, false); break;
+      default: pyg_dfgnn::bwd::run_tc_bwd<at::BFloat16>(a, false); break;
     }
     a.grad_att.zero_();
     return {a.grad_query,      a.grad_key,      a.grad_value,

@@ -4,6 +4,6 @@
 
 namespace pyg_dfgnn {
 namespace bwd {
-template void run_tc_bwd<float>(Args&);
+template void run_tc_bwd<float>(Args&, bool);
 }  // namespace bwd
 }  // namespace pyg_dfgnn

@@ -192,12 +192,12 @@ fused_attention_fwd_cuda(
            attention == 2, drop,
            kind, n_dst, n_edges, max_in_degree, H, D, F,
            qk_group, v_group, device_optin, 0, vec, scale, negative_slope};
-  // tensor-core windows (asked for; 5: fp32 with 1xTF32 products)
-  if (strategy == 2 || strategy == 3 || strategy == 5) {
-    TORCH_CHECK(strategy != 5 || dtype == at::kFloat,
-                "fused_attention_fwd: strategy 5 (1xTF32 tensor-core "
-                "windows) takes float32 inputs");
-    L.one_tf32 = strategy == 5;
+  // tensor-core windows (asked for; 5 / 6: fp32 with 1xTF32 products)
+  if (strategy == 2 || strategy == 3 || strategy == 5 || strategy == 6) {
+    TORCH_CHECK(strategy < 5 || dtype == at::kFloat,
+                "fused_attention_fwd: strategies 5 / 6 (1xTF32 tensor-core "
+                "windows) take float32 inputs");
+    L.one_tf32 = strategy >= 5;
     TORCH_CHECK(windows_opt.has_value() && windows_opt->defined() &&
                     windows_opt->scalar_type() == at::kLong &&
                     windows_opt->dim() == 1 && windows_opt->numel() >= 2,

@@ -19,7 +19,8 @@
 //            backward's TC path (the windows serve both: the TC windows,
 //            whose sources SMMF stages as far as they fit), 5 = 3 with
 //            fp32's products as one TF32 mma each (opt-in: the host asks
-//            for it under torch.backends.cuda.matmul.allow_tf32)
+//            for it under torch.backends.cuda.matmul.allow_tf32), 6 = 2
+//            with fp32's products as one TF32 mma each in both passes
 //   lse     float32 [N_dst, H]: row max + log(row sum + 1e-16); the only thing
 //           the forward saves for the backward (p_ij = exp(s_ij - lse_i)).
 //           Rows without edges: lse = -inf (and out = 0).
@@ -88,7 +89,7 @@ fused_attention_fwd_cuda(
 // from the forward (no output). strategy 2 / 4: tensor-core windows
 // (bwd_tc_kernel.cuh; the host asks only where every window has <= 128 rows
 // and sources and no two windows share a source), else the rows / cols
-// passes.
+// passes; 6: the same windows with fp32's products as one TF32 mma each.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
            at::Tensor, at::Tensor>
 fused_attention_bwd_cuda(

@@ -10,7 +10,9 @@ the user-facing op's fwd+bwd through autograd; 'dot' kind, Q pre-scaled,
 H x F = 1x128 and 4x32 (`--shapes`). Variants: SMMF with graph-aligned staged windows
 (`smmf`), SMMF without (`smmf-plain`), PMF, and the tensor-core windows
 (`tc`; fp32 through 3xTF32; `tc-tf32`: fp32's opt-in 1xTF32 forward, the
-rows / cols passes after it) where the graph has windows of <= 128
+rows / cols passes after it; `tc-tf32-bwd`: both TC passes in 1xTF32;
+`tc-bwd`: the 3xTF32 TC backward where the plan takes the rows / cols
+passes) where the graph has windows of <= 128
 sources. Prints one row per (graph,
 shape, variant) with the DF-GNN anchor of shared/anchors.md. Feeds
 benchmarks/NOTES.md.
@@ -90,9 +92,14 @@ def main(argv=None):
                     plan = cuda._plan(graph, 'dot', q, v, cuda.TC,
                                       backward=True)
                     variants.append(('tc', plan[0], plan[2], plan[3]))
-                    if dtype == torch.float32:  # opt-in 1xTF32 forward
+                    if dtype == torch.float32:
+                        # opt-in 1xTF32: the forward alone, both TC passes
                         variants.append(('tc-tf32', cuda.TC_TF32_STRATEGY,
                                          plan[2], plan[3]))
+                        variants.append(('tc-tf32-bwd', cuda.TC_TF32_BWD_STRATEGY,
+                                         plan[2], plan[3]))
+                        if plan[0] == 3:  # the 3xTF32 TC backward too
+                            variants.append(('tc-bwd', 2, plan[2], plan[3]))
                 except ValueError:  # no windows of <= 128 sources
                     pass
             for strat, sid, win, stage in variants:
@@ -117,7 +124,7 @@ def main(argv=None):
 
                 t_ops = timer(ops_fwd_bwd)
                 t_fb = float('nan')
-                if strat not in ('smmf-plain', 'tc-tf32'):
+                if strat not in ('smmf-plain', 'tc-tf32', 'tc-tf32-bwd', 'tc-bwd'):
                     qq, kk, vv = (t.detach().requires_grad_()
                                   for t in (q, k, v))
 

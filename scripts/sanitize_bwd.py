@@ -92,6 +92,16 @@ def tc_cases() -> int:
         except AssertionError as e:
             bad += 1
             print('BAD', 'tc-bwd', tag, e, flush=True)
+    # fp32 through the ops: 1xTF32 (strategy 6) and 3xTF32 (2) at D = 128
+    # and 32 (H = 3, isolated rows, a one-node graph)
+    for dh, one_tf32 in ((128, True), (32, True), (128, False)):
+        tag = f'fp32 D={dh} {"1xTF32" if one_tf32 else "3xTF32"}'
+        try:
+            tt.test_tc_fp32_backward_products(dh, one_tf32)
+            print('ok ', 'tc-bwd', tag, flush=True)
+        except AssertionError as e:
+            bad += 1
+            print('BAD', 'tc-bwd', tag, e, flush=True)
     return bad
 
 

@@ -24,7 +24,8 @@ def test_tc_auto_plan_on_dense_dot_only():
     TC_FWD_MIN_MEAN_DEGREE[D], with the TC backward (2) where that pays
     too (TC_BWD_MIN_MEAN_DEGREE); SMMF forward + TC backward (4) where only
     the backward pays, else none. fp32: TC forward (3) from
-    TC_FWD_MIN_MEAN_DEGREE_FP32[D], never the TC backward."""
+    TC_FWD_MIN_MEAN_DEGREE_FP32[D], the TC backward only with 1xTF32
+    products (2 behind the TC forward: _plan maps 3 / 2 to 5 / 6)."""
     import torch
     from pyg_dfgnn.graph import DFGraph
     from pyg_dfgnn.ops import cuda
@@ -47,8 +48,8 @@ def test_tc_auto_plan_on_dense_dot_only():
     fwd_dense, fwd_only, sparse = (graph(64, t_bwd), graph(64, t_fwd32),
                                    graph(64, t_fwd32 - 1))
 
-    def sid(g, *args, backward=True, kind='dot'):
-        plan = cuda._tc_auto_plan(g, kind, *args, backward)
+    def sid(g, *args, backward=True, kind='dot', one_tf32=False):
+        plan = cuda._tc_auto_plan(g, kind, *args, backward, one_tf32)
         return None if plan is None else plan[0]
 
     for dtype in (torch.float16, torch.bfloat16):
@@ -81,3 +82,12 @@ def test_tc_auto_plan_on_dense_dot_only():
     # in-degree 300: a multiplicity could pass a byte
     assert sid(graph(64, cuda.TC_MAX_DEGREE + 45), *qv(torch.bfloat16)) \
         is None
+    # fp32 with 1xTF32 products: the TC backward behind the TC forward (its
+    # windows own their sources: two graphs), D = 128 too; never alone
+    for d in (32, 128):
+        dense = graph(64, cuda.TC_FWD_MIN_MEAN_DEGREE_FP32[d])
+        args = qv(torch.float32, d, d, 1)
+        assert sid(dense, *args, one_tf32=True) == 2
+        assert sid(dense, *args, backward=False, one_tf32=True) == 3
+        assert sid(dense, *args) == 3
+    assert sid(fwd_dense, *qv(torch.float32), one_tf32=True) is None

@@ -118,10 +118,11 @@ def test_tc_complete_graphs(dtype):
 
 @pytest.mark.parametrize('dh', (32, 128))
 def test_tc_fp32_one_tf32_product_under_allow_tf32(dh):
-    """fp32 under torch.backends.cuda.matmul.allow_tf32: the TC forward
-    takes one TF32 product per tile (strategy 5, the rows / cols passes
-    after it): within TF32's error of the reference, and not the 3xTF32
-    result (which is within fp32's); the flag restored, 3xTF32 again."""
+    """fp32 under torch.backends.cuda.matmul.allow_tf32: the TC windows
+    take one TF32 product per tile -- the forward alone (strategy 5) without
+    a backward, both passes (6) with one: within TF32's error of the
+    reference, and not the 3xTF32 result (which is within fp32's); the flag
+    restored, 3xTF32 again (and the plan cached per flag)."""
     cuda = _cuda()
     g = torch.Generator().manual_seed(5)
     ei, n = dense_batch([100, 37, 128, 1, 90],
@@ -136,8 +137,10 @@ def test_tc_fp32_one_tf32_product_under_allow_tf32(dh):
     before = torch.backends.cuda.matmul.allow_tf32
     try:
         torch.backends.cuda.matmul.allow_tf32 = True
-        # asked for without a backward (with one, 'tc' at D <= 64 takes
-        # both TC passes, 3xTF32), and picked unasked with one
+        # asked for without a backward, and picked unasked with one
+        assert cuda._plan(graph, 'dot', query, value, 'tc')[0] == 5
+        assert cuda._plan(graph, 'dot', query, value, None,
+                          backward=True)[0] == 6
         with torch.no_grad():
             poison_allocator()
             out = cuda.fused_attention_cuda(graph, 'dot', value, query, key,
@@ -158,6 +161,8 @@ def test_tc_fp32_one_tf32_product_under_allow_tf32(dh):
         torch.backends.cuda.matmul.allow_tf32 = before
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
+        assert cuda._plan(graph, 'dot', query, value, None,
+                          backward=True)[0] == 3
         out = cuda.fused_attention_cuda(graph, 'dot', value, query, key,
                                         None, scale, 0.2, strategy='tc')
         assert rel_err(out, ref) <= TOL_OUT[torch.float32]
@@ -270,6 +275,51 @@ def test_tc_backward_windows(dtype, dh):
     tc_bwd = dh <= 64 or dtype != torch.float32
     assert plan[0] == (2 if tc_bwd else 3)
     check(cuda, graph, v, q, k, dtype, f'{dtype} D={dh} sid={plan[0]}')
+
+
+@pytest.mark.parametrize('one_tf32', (False, True))
+@pytest.mark.parametrize('dh', (16, 32, 64, 128))
+def test_tc_fp32_backward_products(dh, one_tf32):
+    """The fp32 TC backward called through the ops at every D: 3xTF32
+    (strategy 2) within fp32's tolerances, 1xTF32 (strategy 6, its TF32
+    forward before it) within TF32's and not within fp32's (so that the
+    one product is what ran); H = 3, multi-edges, isolated rows, a graph of
+    one node, gradients poisoned first."""
+    cuda = _cuda()
+    g = torch.Generator().manual_seed(100 + dh)
+    ei, n = dense_batch([100, 1, 37, 128, 90], 20, g)
+    ei = ei[:, ei[1] % 7 != 3]  # isolated destinations
+    graph = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
+    value, query, key = inputs(n, 3, dh, torch.float32, g, grad=False)
+    scale = 1.0 / math.sqrt(dh)
+    plan = cuda._plan(graph, 'dot', query, value, 'tc', backward=True)
+    sid = 6 if one_tf32 else 2
+    ops = torch.ops.pyg_dfgnn
+    colptr, csc_row, csc_perm = graph.csc()
+    poison_allocator()
+    out, lse, *_ = ops.fused_attention_fwd(
+        graph.rowptr, graph.col, 0, query, key, value, None, scale, 0.2, sid,
+        graph.max_in_degree, plan[2], plan[3])
+    g_out = torch.randn(out.shape, generator=g).cuda()
+    poison_allocator()
+    grads = ops.fused_attention_bwd(
+        g_out, graph.rowptr, graph.col, colptr, csc_row, csc_perm, 0, query,
+        key, value, None, lse, scale, 0.2, *cuda.bwd_plan_args(plan),
+        strategy=sid)
+    leaves = [t.double().requires_grad_() for t in (query, key, value)]
+    ref, _ = fused_attention_reference(graph, 'dot', leaves[2], leaves[0],
+                                       leaves[1], None, scale, 0.2)
+    ref_grads = torch.autograd.grad(ref, leaves, g_out.double())
+    errs = [rel_err(out, ref)] + [
+        rel_err(gv, rg, floor=GRAD_FLOOR[torch.float32])
+        for gv, rg in zip(grads[:3], ref_grads)]
+    assert all(torch.isfinite(t).all() for t in (out, ) + tuple(grads[:3]))
+    if one_tf32:
+        assert all(e <= 2e-2 for e in errs), f'1xTF32 rel errs {errs}'
+        assert max(errs[1:]) > 2e-5, f'3xTF32-sized errors {errs}'
+    else:
+        assert errs[0] <= TOL_OUT[torch.float32], f'out {errs[0]:.2e}'
+        assert max(errs[1:]) <= TOL_GRAD[torch.float32], f'grads {errs}'
 
 
 def dense_batch(sizes, degree, gen):

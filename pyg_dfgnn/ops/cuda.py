@@ -37,6 +37,13 @@ TC = 'tc'
 #: ``torch.backends.cuda.matmul.allow_tf32``; 3 otherwise); the rows / cols
 #: passes after it, as after 3.
 TC_TF32_STRATEGY = 5
+#: Both TC passes with 1xTF32 products (fp32 under the same flag; 2
+#: otherwise). Unlike 3xTF32's backward (slower than the rows / cols passes,
+#: so fp32 takes it only when asked), it pays wherever the TC forward does:
+#: H100, session 39, forward + backward ops 0.87 against 1.21 ms (1xTF32
+#: forward, rows / cols passes) on pattern-like 1x128, 0.86 / 1.03 on
+#: cluster-like, 0.97-0.99 / 1.09-1.28 at 2x64, 1.21-1.22 / 1.25-1.44 at 4x32.
+TC_TF32_BWD_STRATEGY = 6
 TC_MAX_SOURCES = 128
 TC_HEAD_DIMS = (16, 32, 64, 128)
 #: Edge multiplicities of a window are counted in a byte.
@@ -226,13 +233,15 @@ def _col_stage_capacity(kind: str, query: Tensor, value: Tensor) -> int:
 
 
 def _tc_backward_ok(graph, windows: Tensor, kind: str, query: Tensor,
-                    value: Tensor) -> bool:
+                    value: Tensor, one_tf32: bool = False) -> bool:
     """Whether the backward can take the tensor-core windows too
     (kernels/bwd_tc_kernel.cuh): every window of at most TC_MAX_SOURCES
     rows, no source shared by two windows (a block owns its sources' dK,
-    dV), D = F <= 128 (fp32: <= 64). One host sync, cached with the plan."""
+    dV), D = F <= 128 (fp32's 3xTF32: <= 64, slower than the rows / cols
+    passes at 128; 1xTF32 (``one_tf32``): 128 too). One host sync, cached
+    with the plan."""
     if not _tc_takes(kind, query, value) or graph.max_in_degree > \
-            TC_MAX_DEGREE or (value.shape[2] == 128 and
+            TC_MAX_DEGREE or (value.shape[2] == 128 and not one_tf32 and
                               value.dtype == torch.float32):
         return False
     if graph.graph_windows is not None and windows is graph.graph_windows[0]:
@@ -319,13 +328,15 @@ def _tc_dense(graph, kind: str, query: Tensor, value: Tensor,
 
 
 def _tc_auto_plan(graph, kind: str, query: Tensor, value: Tensor,
-                  backward: bool) -> Optional[Tuple[int, Tensor, int]]:
+                  backward: bool,
+                  one_tf32: bool = False) -> Optional[Tuple[int, Tensor, int]]:
     """``(strategy id, windows, stage_nodes)`` of the tensor-core windows
     for a dense graph asked for no strategy: TC forward (3; 2 with the TC
     backward), or SMMF forward on the TC windows and TC backward (4) where
     only the backward pays; ``None``: SMMF / PMF. fp16 / bf16 take both TC
-    passes; fp32 the TC forward only (TC_FWD_MIN_MEAN_DEGREE_FP32), the rows
-    / cols passes after it."""
+    passes; fp32 the TC forward (TC_FWD_MIN_MEAN_DEGREE_FP32) with the rows
+    / cols passes after it, or under ``one_tf32`` (1xTF32 products) the TC
+    backward too (the caller maps 3 / 2 to their 1xTF32 ids)."""
     half = value.dtype in _TC_HALF_DTYPES
     if not half and value.dtype != torch.float32:
         return None
@@ -333,20 +344,26 @@ def _tc_auto_plan(graph, kind: str, query: Tensor, value: Tensor,
         TC_FWD_MIN_MEAN_DEGREE_FP32
     fwd_pays = _tc_dense(graph, kind, query, value,
                          thresholds.get(value.shape[2], 1 << 30))
-    bwd_pays = backward and half and _tc_dense(graph, kind, query, value,
-                                               TC_BWD_MIN_MEAN_DEGREE)
+    if half:
+        bwd_pays = backward and _tc_dense(graph, kind, query, value,
+                                          TC_BWD_MIN_MEAN_DEGREE)
+    else:  # 1xTF32's backward measured behind its TC forward only
+        bwd_pays = backward and one_tf32 and fwd_pays
     if not (fwd_pays or bwd_pays):
         return None
     windows, span = graph.graph_row_windows(TC_MAX_SOURCES)
     if windows is None:
         return None
-    if fwd_pays and not (backward and half):
+    if fwd_pays and not bwd_pays and (not half or not backward):
         return 3, windows, span
-    bwd_ok = bwd_pays and _tc_backward_ok(graph, windows, kind, query, value)
+    bwd_ok = bwd_pays and _tc_backward_ok(graph, windows, kind, query, value,
+                                          one_tf32)
     if bwd_ok:
-        # (a TC forward whose backward cannot take the windows is not
-        # measured: SMMF then)
         return (2 if fwd_pays else 4), windows, span
+    if fwd_pays and not half:  # fp32: the rows / cols passes after it
+        return 3, windows, span
+    # (a half-precision TC forward whose backward cannot take the windows
+    # is not measured: SMMF then)
     return None
 
 
@@ -365,9 +382,14 @@ def _plan(graph, kind: str, query: Tensor, value: Tensor,
     if plans is None:
         plans = {}
         setattr(graph, _PLANS_ATTR, plans)
+    # fp32's tensor-core products as one TF32 mma each, as PyTorch's matmuls
+    # under the same flag (~1e-3 relative error; 3xTF32 otherwise, about
+    # fp32's accuracy)
+    one_tf32 = value.dtype == torch.float32 and \
+        torch.backends.cuda.matmul.allow_tf32
     # The device is in the key: DFGraph.to() copies attributes, this dict too.
     key = (kind, value.shape[1], value.shape[2], query.shape[-1],
-           value.dtype, value.device, strategy, backward, features)
+           value.dtype, value.device, strategy, backward, features, one_tf32)
     plan = plans.get(key)
     if plan is not None:
         return plan
@@ -398,16 +420,19 @@ def _plan(graph, kind: str, query: Tensor, value: Tensor,
                 f"strategy '{TC}' needs row windows of at most "
                 f"{TC_MAX_SOURCES} source nodes each (a batch of small "
                 f"graphs); this graph has none")
-        if backward and _tc_backward_ok(graph, windows, kind, query, value):
+        if backward and _tc_backward_ok(graph, windows, kind, query, value,
+                                        one_tf32):
             sid = 2  # the backward's tensor-core windows too
     elif strategy == SMMF:
-        tc = _tc_auto_plan(graph, kind, query, value, backward) \
+        tc = _tc_auto_plan(graph, kind, query, value, backward, one_tf32) \
             if chosen and not features else None
         if tc is not None:
             sid, windows, stage_nodes = tc
         else:
             windows, stage_nodes = graph.row_windows(
                 _stage_capacity(kind, query, value))
+    if one_tf32 and sid in (2, 3):
+        sid = TC_TF32_BWD_STRATEGY if sid == 2 else TC_TF32_STRATEGY
     col_windows, col_stage_nodes, max_out_degree = None, 0, -1
     if backward:
         col_windows, col_stage_nodes = graph.col_windows(
@@ -446,8 +471,8 @@ def fused_attention_cuda(graph, kind: str, value: Tensor, query: Tensor,
     PMF rule (``'smmf'`` or ``'pmf'``; tests use it) or asks for the
     tensor-core windows of the forward (``'tc'``: 'dot', D = F in
     TC_HEAD_DIMS, no training features, fp32 through 3xTF32 -- or one TF32
-    product under ``torch.backends.cuda.matmul.allow_tf32`` where the rows /
-    cols passes follow; an error otherwise).
+    product under ``torch.backends.cuda.matmul.allow_tf32``, in the
+    backward's TC windows too; an error otherwise).
 
     ``dropout`` is the active drop probability (0 outside training);
     ``attention`` (``'before_dropout'`` / ``'after_dropout'``) also returns
@@ -482,12 +507,6 @@ def fused_attention_cuda(graph, kind: str, value: Tensor, query: Tensor,
     if strategy == TC:
         _check_tc(kind, query, value, features)
     plan = _plan(graph, kind, query, value, strategy, backward, features)
-    if plan[0] == 3 and value.dtype == torch.float32 and \
-            torch.backends.cuda.matmul.allow_tf32:
-        # the TC forward's products as one TF32 mma each, as PyTorch's
-        # matmuls under the same flag (~1e-3 relative error; 3xTF32
-        # otherwise, about fp32's accuracy)
-        plan = (TC_TF32_STRATEGY, ) + plan[1:]
     colptr = csc_row = csc_perm = None
     if backward:
         colptr, csc_row, csc_perm = graph.csc()
