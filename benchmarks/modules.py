@@ -201,6 +201,11 @@ def main(argv=None) -> List[Dict]:
                          GRAPHS)
     parser.add_argument('--convs', default=','.join(CONVS),
                         help=f'comma-separated, from {",".join(CONVS)}')
+    parser.add_argument('--tf32', action='store_true',
+                        help='fp32 under torch.backends.cuda.matmul.'
+                        'allow_tf32, both sides (PyG\'s linear layers and '
+                        'our tensor-core windows take TF32 products; rows '
+                        'labelled fp32+tf32)')
     args = parser.parse_args(argv)
 
     device, graphs, scale = resolve_run(args, parser)
@@ -214,6 +219,10 @@ def main(argv=None) -> List[Dict]:
                   rep_ms=30 if args.quick else 200,
                   max_reps=50 if args.quick else 500)
     env = environment(device)
+    tf32_before = torch.backends.cuda.matmul.allow_tf32
+    if args.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        env['allow_tf32'] = True
     print(f"device: {env['device']} | torch {env['torch']} | torch_geometric "
           f"{env.get('torch_geometric')} | scale {scale}")
     rows = []
@@ -225,10 +234,13 @@ def main(argv=None) -> List[Dict]:
             for dtype_name in dtypes:
                 rows.append(bench_pair(conv, graph_name, edge_index, n,
                                        dtype_name, timer, device, args.seed))
+                if args.tf32 and dtype_name == 'fp32':
+                    rows[-1]['dtype'] = 'fp32+tf32'
                 if rows[-1]['note']:
                     print(f"  {describe(conv)}: {rows[-1]['note']}")
         del edge_index
         free_memory(device)
+    torch.backends.cuda.matmul.allow_tf32 = tf32_before
     print()
     print_rows(rows)
     out = args.out or default_out('modules', device)
