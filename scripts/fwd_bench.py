@@ -25,8 +25,9 @@ import sys
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, 'benchmarks')]
-from graphs import make_dfgraph  # noqa: E402
+sys.path[:0] = [ROOT, os.path.join(ROOT, 'benchmarks'),
+               os.path.join(ROOT, 'scripts')]
+from kernel_times import make_graph_of  # noqa: E402
 from timing import Timer, gpu_family  # noqa: E402
 
 # DF-GNN fwd / fwd+bwd ms (anchors.md); H100 where the doc gives H100 figures
@@ -57,6 +58,8 @@ def main(argv=None):
     p.add_argument('--dtype', default='fp32')
     p.add_argument('--shapes', default='1x128,4x32',
                    help='H x F pairs, e.g. 1x128,4x32,2x64,8x16')
+    p.add_argument('--variants', default=None,
+                   help='only these, e.g. smmf,tc-tf32,tc-tf32-bwd')
     p.add_argument('--out', default=None)
     args = p.parse_args(argv)
     from pyg_dfgnn.ops import cuda
@@ -69,7 +72,7 @@ def main(argv=None):
     timer = Timer(dev)
     rows, records = [], []
     for name in args.graphs.split(','):
-        graph, _, n = make_dfgraph(name, dev)
+        graph, _, n = make_graph_of(name, dev)  # (also batch-S-D, ...)
         colptr, csc_row, csc_perm = graph.csc()
         for shape in args.shapes.split(','):
             h, f = (int(x) for x in shape.split('x'))
@@ -102,6 +105,9 @@ def main(argv=None):
                             variants.append(('tc-bwd', 2, plan[2], plan[3]))
                 except ValueError:  # no windows of <= 128 sources
                     pass
+            if args.variants:
+                keep = args.variants.split(',')
+                variants = [x for x in variants if x[0] in keep]
             for strat, sid, win, stage in variants:
                 cwin, cstage = (None, 0) if strat == 'smmf-plain' else (
                     col_windows, col_span)

@@ -82,12 +82,22 @@ def test_tc_auto_plan_on_dense_dot_only():
     # in-degree 300: a multiplicity could pass a byte
     assert sid(graph(64, cuda.TC_MAX_DEGREE + 45), *qv(torch.bfloat16)) \
         is None
-    # fp32 with 1xTF32 products: the TC backward behind the TC forward (its
-    # windows own their sources: two graphs), D = 128 too; never alone
-    for d in (32, 128):
-        dense = graph(64, cuda.TC_FWD_MIN_MEAN_DEGREE_FP32[d])
+    # fp32 with 1xTF32 products (its windows own their sources: two
+    # graphs): the TC forward from its own thresholds, the TC backward
+    # behind it from TC_TF32_BWD_MIN_MEAN_DEGREE, D = 128 too; never alone
+    for d in (32, 64, 128):
         args = qv(torch.float32, d, d, 1)
-        assert sid(dense, *args, one_tf32=True) == 2
-        assert sid(dense, *args, backward=False, one_tf32=True) == 3
-        assert sid(dense, *args) == 3
-    assert sid(fwd_dense, *qv(torch.float32), one_tf32=True) is None
+        t_fwd, t_bwd = (cuda.TC_TF32_FWD_MIN_MEAN_DEGREE[d],
+                        cuda.TC_TF32_BWD_MIN_MEAN_DEGREE[d])
+        assert t_fwd < t_bwd and t_fwd < cuda.TC_FWD_MIN_MEAN_DEGREE_FP32[d]
+        both, fwd, none = (graph(64, t_bwd), graph(64, t_fwd),
+                           graph(64, t_fwd - 1))
+        assert sid(both, *args, one_tf32=True) == 2
+        assert sid(both, *args, backward=False, one_tf32=True) == 3
+        assert sid(fwd, *args, one_tf32=True) == 3
+        assert sid(fwd, *args) is None  # (3xTF32's threshold is higher)
+        assert sid(none, *args, one_tf32=True) is None
+        assert sid(graph(64, cuda.TC_FWD_MIN_MEAN_DEGREE_FP32[d]), *args) == 3
+    # D = 16: 3xTF32's forward threshold, no TC backward
+    dense16 = graph(64, cuda.TC_FWD_MIN_MEAN_DEGREE_FP32[16])
+    assert sid(dense16, *qv(torch.float32, 16, 16, 8), one_tf32=True) == 3

@@ -39,10 +39,9 @@ TC = 'tc'
 TC_TF32_STRATEGY = 5
 #: Both TC passes with 1xTF32 products (fp32 under the same flag; 2
 #: otherwise). Unlike 3xTF32's backward (slower than the rows / cols passes,
-#: so fp32 takes it only when asked), it pays wherever the TC forward does:
-#: H100, session 39, forward + backward ops 0.87 against 1.21 ms (1xTF32
-#: forward, rows / cols passes) on pattern-like 1x128, 0.86 / 1.03 on
-#: cluster-like, 0.97-0.99 / 1.09-1.28 at 2x64, 1.21-1.22 / 1.25-1.44 at 4x32.
+#: so fp32 takes it only when asked), it pays on dense batches: H100,
+#: session 39, forward + backward ops 0.87 against 1.21 ms (1xTF32 forward,
+#: rows / cols passes) on pattern-like 1x128, 0.86 / 1.03 on cluster-like.
 TC_TF32_BWD_STRATEGY = 6
 TC_MAX_SOURCES = 128
 TC_HEAD_DIMS = (16, 32, 64, 128)
@@ -72,6 +71,19 @@ TC_FWD_MIN_MEAN_DEGREE = {16: 38, 32: 22, 64: 14, 128: 12}
 #: rows / cols passes), so a TC forward has them behind it: pattern-like
 #: 1x128 forward + backward 1.27 against SMMF's 1.42 ms.
 TC_FWD_MIN_MEAN_DEGREE_FP32 = {16: 64, 32: 32, 64: 30, 128: 28}
+#: The same for fp32 with 1xTF32 products (opt-in, allow_tf32): the TC
+#: forward (1xTF32, the rows / cols passes after it) against SMMF, and the
+#: TC backward behind it against the rows / cols passes. H100, session 39,
+#: batches of 1,024 graphs of 117 nodes at mean in-degree 7.8-25 and
+#: cluster- / pattern-like (31.8 / 41.6), forward + backward ops: the TC
+#: pair costs ~0.85 / 0.97 / 1.19 ms at 1x128 / 2x64 / 4x32 whatever the
+#: degree, SMMF's 0.58 -> 0.90 ms from mean degree 15 to 18.5 at 1x128
+#: (its short kernels end at 16); the TC forward wins from 18.5 at every
+#: D, the TC backward behind it from ~20 (1x128), ~24 (2x64), ~30 (4x32:
+#: 1.19 against 1.10 at 25, 1.21 against 1.25 at 31.8). D = 16 unmeasured:
+#: 3xTF32's forward threshold, no TC backward.
+TC_TF32_FWD_MIN_MEAN_DEGREE = {32: 18, 64: 18, 128: 18}
+TC_TF32_BWD_MIN_MEAN_DEGREE = {32: 30, 64: 24, 128: 20}
 _TC_HALF_DTYPES = (torch.float16, torch.bfloat16)
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _registered = False
@@ -335,20 +347,29 @@ def _tc_auto_plan(graph, kind: str, query: Tensor, value: Tensor,
     backward), or SMMF forward on the TC windows and TC backward (4) where
     only the backward pays; ``None``: SMMF / PMF. fp16 / bf16 take both TC
     passes; fp32 the TC forward (TC_FWD_MIN_MEAN_DEGREE_FP32) with the rows
-    / cols passes after it, or under ``one_tf32`` (1xTF32 products) the TC
-    backward too (the caller maps 3 / 2 to their 1xTF32 ids)."""
+    / cols passes after it, or under ``one_tf32`` (1xTF32 products) from
+    TC_TF32_FWD_MIN_MEAN_DEGREE, with the TC backward behind it from
+    TC_TF32_BWD_MIN_MEAN_DEGREE (the caller maps 3 / 2 to their 1xTF32
+    ids)."""
     half = value.dtype in _TC_HALF_DTYPES
     if not half and value.dtype != torch.float32:
         return None
-    thresholds = TC_FWD_MIN_MEAN_DEGREE if half else \
-        TC_FWD_MIN_MEAN_DEGREE_FP32
+    if half:
+        thresholds = TC_FWD_MIN_MEAN_DEGREE
+    elif one_tf32:
+        thresholds = {**TC_FWD_MIN_MEAN_DEGREE_FP32,
+                      **TC_TF32_FWD_MIN_MEAN_DEGREE}
+    else:
+        thresholds = TC_FWD_MIN_MEAN_DEGREE_FP32
     fwd_pays = _tc_dense(graph, kind, query, value,
                          thresholds.get(value.shape[2], 1 << 30))
     if half:
         bwd_pays = backward and _tc_dense(graph, kind, query, value,
                                           TC_BWD_MIN_MEAN_DEGREE)
     else:  # 1xTF32's backward measured behind its TC forward only
-        bwd_pays = backward and one_tf32 and fwd_pays
+        bwd_pays = backward and one_tf32 and fwd_pays and _tc_dense(
+            graph, kind, query, value,
+            TC_TF32_BWD_MIN_MEAN_DEGREE.get(value.shape[2], 1 << 30))
     if not (fwd_pays or bwd_pays):
         return None
     windows, span = graph.graph_row_windows(TC_MAX_SOURCES)
