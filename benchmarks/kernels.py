@@ -31,7 +31,7 @@ from graphs import DEFAULT_GRAPHS, GRAPHS, make_dfgraph  # noqa: E402
 from timing import (guard_oom, Timer, environment, default_out, free_memory, make_parser,
                     resolve_run,  # noqa
                     gpu_family, peak_memory_mb, speedup, print_table, rel_err,
-                    save_json)
+                    save_json, add_tf32_argument, tf32_flag, dtype_label)
 
 DTYPES = {'fp32': torch.float32, 'bf16': torch.bfloat16,
           'fp16': torch.float16}
@@ -347,7 +347,6 @@ def _err(e):
 
 
 def main(argv=None) -> List[Dict]:
-    from pyg_dfgnn.ops import cuda as cuda_ops
     parser = make_parser(__doc__, 'kernels', ','.join(DEFAULT_GRAPHS),
                          GRAPHS)
     parser.add_argument('--shapes', default=','.join(SHAPES),
@@ -361,10 +360,7 @@ def main(argv=None) -> List[Dict]:
                         help='the kernel ops (fwd / f+b ops columns) without '
                         'staging windows: plain blocks, to see what staging '
                         'buys per graph')
-    parser.add_argument('--tf32', action='store_true',
-                        help='fp32 under torch.backends.cuda.matmul.'
-                        'allow_tf32 (opt-in: the tensor-core windows take '
-                        'one TF32 product; rows labelled fp32+tf32)')
+    add_tf32_argument(parser)
     args = parser.parse_args(argv)
 
     if args.plain and args.strategy == 'tc':
@@ -388,10 +384,21 @@ def main(argv=None) -> List[Dict]:
                   flush_l2=args.flush_l2)
     family = gpu_family(device)
     env = environment(device)
-    tf32_before = torch.backends.cuda.matmul.allow_tf32
-    if args.tf32:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        env['allow_tf32'] = True
+    with tf32_flag(args.tf32, env):
+        rows = _run_graphs(args, graphs, shapes, dtypes, scale, timer,
+                           device, family, env)
+    print()
+    print_rows(rows)
+    out = args.out or default_out('kernels', device)
+    save_json(out, dict(benchmark='kernels', env=env, scale=scale,
+                        quick=args.quick, flush_l2=args.flush_l2, rows=rows))
+    return rows
+
+
+def _run_graphs(args, graphs, shapes, dtypes, scale, timer, device, family,
+                env) -> List[Dict]:
+    """Every (graph, shape, dtype) case of ``main``, in order."""
+    from pyg_dfgnn.ops import cuda as cuda_ops
     print(f"device: {env['device']} | torch {env['torch']} | anchors: "
           f"{family or ('H200' if device.type == 'cuda' else 'none (CPU)')}"
           f" | scale {scale}")
@@ -418,16 +425,10 @@ def main(argv=None) -> List[Dict]:
                     device, args.seed, family, args.strategy, args.plain)
                 rows.append(by_dtype[dtype_name])
             _bf16_speedup(by_dtype)
-            if args.tf32 and 'fp32' in by_dtype:
-                by_dtype['fp32']['dtype'] = 'fp32+tf32'
+            for row in by_dtype.values():
+                row['dtype'] = dtype_label(row['dtype'], args.tf32)
         del graph, edge_index
         free_memory(device)
-    torch.backends.cuda.matmul.allow_tf32 = tf32_before
-    print()
-    print_rows(rows)
-    out = args.out or default_out('kernels', device)
-    save_json(out, dict(benchmark='kernels', env=env, scale=scale,
-                        quick=args.quick, flush_l2=args.flush_l2, rows=rows))
     return rows
 
 

@@ -26,7 +26,8 @@ from graphs import DEFAULT_GRAPHS, GRAPHS, make_graph  # noqa: E402
 from timing import (guard_oom, Timer, default_out, environment, free_memory, make_parser,
                     resolve_run,  # noqa
                     eval_errors, peak_memory_mb, print_table, rel_err,
-                    save_json, speedup)
+                    save_json, speedup, add_tf32_argument, tf32_flag,
+                    dtype_label)
 from kernels import DTYPES  # noqa: E402
 
 IN_CHANNELS = 128
@@ -201,11 +202,7 @@ def main(argv=None) -> List[Dict]:
                          GRAPHS)
     parser.add_argument('--convs', default=','.join(CONVS),
                         help=f'comma-separated, from {",".join(CONVS)}')
-    parser.add_argument('--tf32', action='store_true',
-                        help='fp32 under torch.backends.cuda.matmul.'
-                        'allow_tf32, both sides (PyG\'s linear layers and '
-                        'our tensor-core windows take TF32 products; rows '
-                        'labelled fp32+tf32)')
+    add_tf32_argument(parser)  # (both sides: PyG's linear layers too)
     args = parser.parse_args(argv)
 
     device, graphs, scale = resolve_run(args, parser)
@@ -219,28 +216,24 @@ def main(argv=None) -> List[Dict]:
                   rep_ms=30 if args.quick else 200,
                   max_reps=50 if args.quick else 500)
     env = environment(device)
-    tf32_before = torch.backends.cuda.matmul.allow_tf32
-    if args.tf32:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        env['allow_tf32'] = True
     print(f"device: {env['device']} | torch {env['torch']} | torch_geometric "
           f"{env.get('torch_geometric')} | scale {scale}")
     rows = []
-    for graph_name in graphs:
-        edge_index, n = make_graph(graph_name, device, args.seed, scale)
-        print(f'{graph_name}: {n:,} nodes, {edge_index.size(1):,} edges',
-              flush=True)
-        for conv in convs:
-            for dtype_name in dtypes:
-                rows.append(bench_pair(conv, graph_name, edge_index, n,
-                                       dtype_name, timer, device, args.seed))
-                if args.tf32 and dtype_name == 'fp32':
-                    rows[-1]['dtype'] = 'fp32+tf32'
-                if rows[-1]['note']:
-                    print(f"  {describe(conv)}: {rows[-1]['note']}")
-        del edge_index
-        free_memory(device)
-    torch.backends.cuda.matmul.allow_tf32 = tf32_before
+    with tf32_flag(args.tf32, env):
+        for graph_name in graphs:
+            edge_index, n = make_graph(graph_name, device, args.seed, scale)
+            print(f'{graph_name}: {n:,} nodes, {edge_index.size(1):,} edges',
+                  flush=True)
+            for conv in convs:
+                for dtype_name in dtypes:
+                    rows.append(bench_pair(conv, graph_name, edge_index, n,
+                                           dtype_name, timer, device,
+                                           args.seed))
+                    rows[-1]['dtype'] = dtype_label(dtype_name, args.tf32)
+                    if rows[-1]['note']:
+                        print(f"  {describe(conv)}: {rows[-1]['note']}")
+            del edge_index
+            free_memory(device)
     print()
     print_rows(rows)
     out = args.out or default_out('modules', device)

@@ -1,4 +1,5 @@
 """Timing, memory and reporting helpers shared by the benchmark scripts."""
+import contextlib
 import datetime
 import json
 import os
@@ -6,7 +7,7 @@ import platform
 import statistics
 import subprocess
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -247,6 +248,35 @@ def make_parser(doc: str, kind: str, graphs: str, all_graphs):
     parser.add_argument('--graphs', default=graphs,
                         help=f'comma-separated, from {",".join(all_graphs)}')
     return parser
+
+
+def add_tf32_argument(parser) -> None:
+    """``--tf32``: fp32 under torch.backends.cuda.matmul.allow_tf32 (see
+    :func:`tf32_flag`)."""
+    parser.add_argument('--tf32', action='store_true',
+                        help='fp32 under torch.backends.cuda.matmul.'
+                        'allow_tf32 (opt-in: the tensor-core windows and '
+                        "PyTorch's matmuls take TF32 products; rows "
+                        'labelled fp32+tf32)')
+
+
+@contextlib.contextmanager
+def tf32_flag(on: bool, env: Dict) -> Iterator[None]:
+    """torch.backends.cuda.matmul.allow_tf32 set while the benchmark runs
+    (and recorded in ``env``) where ``on``; restored after."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    if on:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        env['allow_tf32'] = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def dtype_label(dtype_name: str, tf32: bool) -> str:
+    """A row's dtype: fp32 rows under ``--tf32`` read 'fp32+tf32'."""
+    return 'fp32+tf32' if tf32 and dtype_name == 'fp32' else dtype_name
 
 
 def resolve_run(args, parser) -> tuple:

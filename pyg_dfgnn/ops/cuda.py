@@ -82,7 +82,7 @@ TC_FWD_MIN_MEAN_DEGREE_FP32 = {16: 64, 32: 32, 64: 30, 128: 28}
 #: D, the TC backward behind it from ~20 (1x128), ~24 (2x64), ~30 (4x32:
 #: 1.19 against 1.10 at 25, 1.21 against 1.25 at 31.8). D = 16 unmeasured:
 #: 3xTF32's forward threshold, no TC backward.
-TC_TF32_FWD_MIN_MEAN_DEGREE = {32: 18, 64: 18, 128: 18}
+TC_TF32_FWD_MIN_MEAN_DEGREE = {16: 64, 32: 18, 64: 18, 128: 18}
 TC_TF32_BWD_MIN_MEAN_DEGREE = {32: 30, 64: 24, 128: 20}
 _TC_HALF_DTYPES = (torch.float16, torch.bfloat16)
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -357,8 +357,7 @@ def _tc_auto_plan(graph, kind: str, query: Tensor, value: Tensor,
     if half:
         thresholds = TC_FWD_MIN_MEAN_DEGREE
     elif one_tf32:
-        thresholds = {**TC_FWD_MIN_MEAN_DEGREE_FP32,
-                      **TC_TF32_FWD_MIN_MEAN_DEGREE}
+        thresholds = TC_TF32_FWD_MIN_MEAN_DEGREE
     else:
         thresholds = TC_FWD_MIN_MEAN_DEGREE_FP32
     fwd_pays = _tc_dense(graph, kind, query, value,
