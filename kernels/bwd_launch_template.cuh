@@ -222,11 +222,9 @@ void run_passes(Args& A, int optin) {
       short_shapes(KIND, VEC, H, D, F, VW,
                    A.edge_key.defined() || A.edge_value.defined());
   const bool short_rows =
-      short_ok &&
-      short_owners(mode, n_dst, E, A.max_in_degree, F / VW);
+      short_ok && short_owners(mode, A.max_in_degree, F / VW);
   const bool short_cols =
-      short_ok && short_owners(mode, n_src, E, A.max_out_degree, F / VW,
-                               /*any_density=*/!std::is_same_v<T, float>);
+      short_ok && short_owners(mode, A.max_out_degree, F / VW);
 
   // rows pass: grad_query, D -> drow, (p, t) -> ebuf
   BwdArgs<T, I> r = a;

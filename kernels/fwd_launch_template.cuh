@@ -153,8 +153,7 @@ void run_alpha(const Launch& L, const at::Tensor& scores) {
 inline bool short_rows(const Launch& L, int vw) {
   return short_shapes(L.kind, L.vec, L.H, L.D, L.F, vw,
                       L.edge_key.defined() || L.edge_value.defined()) &&
-         short_owners(short_rows_mode(), L.n_dst, L.n_edges,
-                      L.max_in_degree, (int)(L.F / vw));
+         short_owners(short_rows_mode(), L.max_in_degree, (int)(L.F / vw));
 }
 
 template <typename scalar_t>

@@ -19,16 +19,19 @@
 
 namespace pyg_dfgnn {
 
-// Where the host takes them: owners of mean degree below kLanesMinDegree
-// (feature_lanes.cuh: from there the block kernels take their dense paths)
-// and a longest owner a warp walks, at any size. Measured against the
-// block kernels (H100, session 28, scripts/kernel_times.py with
-// PYG_DFGNN_SHORT_ROWS=1 / 0; benchmarks/NOTES.md): every pass faster on
-// cora-, pubmed-, zinc-, mnist- and arxiv-like graphs (whole and scaled
-// down to 2.4K warps: fwd + bwd 1.4-4x) and on uniform / batch graphs of
-// mean degree 8-13 (1.13-1.96x); at mean 16 and above 'add''s fp32 rows
-// pass loses (0.74-0.92x). Sessions 13-14 had held them to 16,384 warps
-// and mean degree 8 (cora-like, two-row warps in bf16: slower then).
+// Where the host takes them: owners whose longest a warp walks, at any
+// size and mean degree. Session 28 (H100, scripts/kernel_times.py with
+// PYG_DFGNN_SHORT_ROWS=1 / 0) had held them to a mean degree below 16
+// (kLanesMinDegree): every pass faster on cora-, pubmed-, zinc-, mnist- and
+// arxiv-like graphs and uniform / batch graphs of mean 8-13, but 'add''s
+// fp32 rows pass slower from 16. Since session 38's slices (a lane holds
+// NV vectors) they win above it too (session 39, scripts/env_ab.py, GPU
+// time of forward + backward, auto -> short): batches of 117-node graphs
+// of mean degree 18.5-31 and cluster- / pattern-like (31.8 / 41.6) 1 x 128
+// fp32 'dot' -14 to -26 % (pattern-like 1.30 -> 1.12 ms behind the TC
+// forward), 4 x 32 -7 to -23 %, 'add' fp32 / bf16 -23 to -40 %; uniform
+// graphs of mean 20 / 28 -20 to -27 %; where the block kernels stayed
+// (half-precision 4 x 32 columns, the TC windows) nothing changes.
 constexpr int kShortMaxDegree = 64;        // longest owner (a warp walks it)
 // Narrow heads (session 15, scripts/short_vs_block.py): with at most 4
 // lanes a head (F <= 16 in fp32, 32 in half) the block kernels spend their
@@ -69,25 +72,16 @@ __host__ __device__ inline int short_lanes(int64_t hf, int vw) {
 }
 
 // The rule on the owners' side (CSR rows for the forward and the rows
-// pass, CSC columns for the cols pass; `head_lanes` of one head): narrow
-// heads up to a longest owner, or sparse owners; the longest known either
-// way. `any_density`: the half-precision cols pass, which takes them at
-// any mean degree up to a longest column of kShortMaxDegree -- 1.08-1.53x
-// the block cols pass on uniform graphs of mean 16-24 and on staged dense
-// batches (cluster-like 'add' bf16 233 -> 176 us, batches of 117-node
-// graphs 1.28-1.51x; session 28), where the fp32 passes and the rows pass
-// lose.
-inline bool short_owners(char mode, int64_t n_owner, int64_t n_edges,
-                         int64_t max_degree, int head_lanes,
-                         bool any_density = false) {
+// pass, CSC columns for the cols pass; `head_lanes` of one head): a
+// longest owner of at most kShortMaxDegree edges, kShortNarrowMaxDegree for
+// narrow heads; unknown (-1): no.
+inline bool short_owners(char mode, int64_t max_degree, int head_lanes) {
   if (mode == '0') return false;
   if (mode == '1') return true;
   if (max_degree < 0) return false;
-  if (head_lanes <= kShortNarrowHeadLanes &&
-      max_degree <= kShortNarrowMaxDegree)
-    return true;
-  return max_degree <= kShortMaxDegree &&
-         (any_density || n_edges < (int64_t)kLanesMinDegree * n_owner);
+  return max_degree <= (head_lanes <= kShortNarrowHeadLanes
+                            ? kShortNarrowMaxDegree
+                            : kShortMaxDegree);
 }
 
 // A lane's slices: NV vectors of VW elements each. With NV > 1 a lane
