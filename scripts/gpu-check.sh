@@ -145,7 +145,7 @@ if has accuracy; then  # issue 10's accuracy runs (resumable: scripts/accuracy-c
   rm -f "$LOGS/accuracy/accuracy-state.tar.gz"; pack_logs
 fi
 if has fwdbench; then
-  stage fwdbench 150 $PY scripts/fwd_bench.py ${FWD_BENCH_ARGS:-} \
+  stage fwdbench ${FWD_BENCH_TIMEOUT:-150} $PY scripts/fwd_bench.py ${FWD_BENCH_ARGS:-} \
     --out "$OUT/fwd_bench.json"
 fi
 if has bench && [ -f benchmarks/kernels.py ]; then

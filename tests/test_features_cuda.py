@@ -551,15 +551,19 @@ def test_weights_gradient_only_when_used(kind, dtype, use_weights,
 @pytest.mark.parametrize('dropout', [0.0, 0.4])
 def test_block_rows_with_short_half_cols(kind, dtype, dropout, monkeypatch):
     """Half precision on a dense batch (mean in-degree >= 16, columns of at
-    most 60 edges, 2 x 64 heads: not narrow): the automatic rule runs the
-    block rows pass and the short cols pass (short_owners' any_density),
-    which reads the rows pass's (p, ds) and D_i and draws the same dropout
-    mask. Out, the weights and every gradient against the reference."""
+    most 61 edges) with one row of every node (> 64: 2 x 64 heads are not
+    narrow): the automatic rule runs the block rows pass and the short cols
+    pass, which reads the rows pass's (p, ds) and D_i and draws the same
+    dropout mask. Out, the weights and every gradient against the
+    reference."""
     cuda = _cuda()
     monkeypatch.delenv('PYG_DFGNN_SHORT_ROWS', raising=False)
     seed = zlib.crc32(f'half-cols{kind}{dtype}{dropout}'.encode())
     gen = torch.Generator().manual_seed(seed)
     ei, size = random_graph('dense', random.Random(seed))
+    every = torch.arange(size[0])  # row 0 from every node: a long row
+    ei = torch.cat([ei, torch.stack([every, torch.zeros_like(every)])], 1)
+    ei = torch.unique(ei, dim=1)
     graph = DFGraph.from_edge_index(ei.cuda(), size=size)
     t = make_case(kind, 'es', graph, 2, 64, 64, dtype, gen)
     torch.manual_seed(seed)

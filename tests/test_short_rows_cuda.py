@@ -193,11 +193,10 @@ def rule_run(cuda, ei, size, heads, f, dtype, gen):
 
 
 def test_automatic_rule(monkeypatch):
-    """Taken for owners of mean degree below 16 (kLanesMinDegree) with a
-    longest owner of at most 64, at any size (920 rows too; in fp32 and
-    bf16); not for denser or long ones, or with PYG_DFGNN_SHORT_ROWS=0,
-    except the half-precision cols pass, short at any mean degree. The
-    backward decides rows (in-degree) and columns (out-degree) apart."""
+    """Taken for owners whose longest has at most 64 edges, at any size
+    (920 rows too) and mean degree (10 and 20; in fp32 and bf16); not for
+    long ones, or with PYG_DFGNN_SHORT_ROWS=0. The backward decides rows
+    (in-degree) and columns (out-degree) apart."""
     cuda = _cuda()
     gen = torch.Generator().manual_seed(0)
     many, n_many = molecules(gen, graphs=1500)  # 34,500 rows, in-degree ~2
@@ -219,8 +218,9 @@ def test_automatic_rule(monkeypatch):
             (few, n_few, b16, None, rows | cols),
             (sparse, n, f32, None, rows | cols),
             (sparse, n, b16, None, rows | cols),
-            (dense, n, f32, None, set()),
-            (dense, n, b16, None, cols),  # half-precision cols at any mean
+            (dense, n, f32, None, rows | cols),
+            (dense, n, b16, None, rows | cols),
+            (dense, n, b16, '0', set()),
             (star, n_many, f32, None, cols),
             (hub, n_many, f32, None, rows)]:
         if env is None:
@@ -233,8 +233,9 @@ def test_automatic_rule(monkeypatch):
 
 def test_automatic_rule_narrow_heads(monkeypatch):
     """Narrow heads (<= 4 lanes a head: 4 x 16 in fp32) take the short
-    kernels at any degree and size up to a longest owner of 256 (rows and
-    columns apart); wide heads (1 x 128) on the same graph do not."""
+    kernels up to a longest owner of 256 (rows and columns apart), wide
+    heads (1 x 128) up to 64: a dense graph with one row and one column of
+    ~130 is short for the narrow heads only."""
     cuda = _cuda()
     monkeypatch.delenv('PYG_DFGNN_SHORT_ROWS', raising=False)
     gen = torch.Generator().manual_seed(1)
@@ -242,10 +243,13 @@ def test_automatic_rule_narrow_heads(monkeypatch):
     dense = torch.randint(0, n, (2, 30 * n), generator=gen)  # mean 30
     fan = torch.stack([torch.arange(300), torch.zeros(300, dtype=torch.long)])
     star = torch.cat([dense, fan], dim=1)  # one row of ~330 > 256
+    mid = torch.cat([dense, fan[:, :100], fan[:, :100].flip(0)], dim=1)
     rows = {'rows_fwd_kernel', 'short_rows_bwd_kernel'}
     cols = {'short_cols_bwd_kernel'}
     for ei, (heads, f), expect in [(dense, (4, 16), rows | cols),
-                                   (dense, (1, 128), set()),
+                                   (dense, (1, 128), rows | cols),
+                                   (mid, (4, 16), rows | cols),
+                                   (mid, (1, 128), set()),
                                    (star, (4, 16), cols),
                                    (star.flip(0), (4, 16), rows)]:
         ran = rule_run(cuda, ei, n, heads, f, torch.float32, gen)
