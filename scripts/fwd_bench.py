@@ -12,7 +12,8 @@ H x F = 1x128 and 4x32 (`--shapes`). Variants: SMMF with graph-aligned staged wi
 (`tc`; fp32 through 3xTF32; `tc-tf32`: fp32's opt-in 1xTF32 forward, the
 rows / cols passes after it; `tc-tf32-bwd`: both TC passes in 1xTF32;
 `tc-bwd`: the 3xTF32 TC backward where the plan takes the rows / cols
-passes) where the graph has windows of <= 128
+passes; `tc-fwd`, `tc-pair`, `smmf-tc-bwd`: fixed strategy ids, only when
+`--variants` names them) where the graph has windows of <= 128
 sources. Prints one row per (graph,
 shape, variant) with the DF-GNN anchor of shared/anchors.md. Feeds
 benchmarks/NOTES.md.
@@ -28,6 +29,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, 'benchmarks'),
                os.path.join(ROOT, 'scripts')]
 from kernel_times import make_graph_of  # noqa: E402
+
+# Strategy ids by name, timed only when --variants names them: the TC
+# forward with the rows / cols passes after it (3), both TC passes (2), the
+# SMMF forward with the TC backward (4); fp32: 3xTF32 products.
+FIXED_TC_VARIANTS = {'tc-fwd': 3, 'tc-pair': 2, 'smmf-tc-bwd': 4}
 from timing import Timer, gpu_family  # noqa: E402
 
 # DF-GNN fwd / fwd+bwd ms (anchors.md); H100 where the doc gives H100 figures
@@ -104,6 +110,11 @@ def main(argv=None):
                                          plan[3]))
                         if plan[0] == 3:  # the 3xTF32 TC backward too
                             variants.append(('tc-bwd', 2, plan[2], plan[3]))
+                    # fixed strategy ids, when asked for by name (the
+                    # automatic thresholds' comparisons in every dtype)
+                    for strat, sid in FIXED_TC_VARIANTS.items():
+                        if strat in (args.variants or '').split(','):
+                            variants.append((strat, sid, plan[2], plan[3]))
                 except ValueError:  # no windows of <= 128 sources
                     pass
             if args.variants:
