@@ -17,13 +17,13 @@ def test_tc_fragment_bookkeeping():
     mod.main()
 
 
-def test_tc_auto_plan_on_dense_dot_only():
+def test_tc_auto_plan_on_dense_dot_only(monkeypatch):
     """The tensor-core windows picked without being asked (ops/cuda.py,
     shapes and host bounds only): 'dot' with D = F the TC kernels take,
-    multiplicities within a byte. fp16 / bf16: TC forward (3) from
-    TC_FWD_MIN_MEAN_DEGREE[D], with the TC backward (2) where that pays
-    too (TC_BWD_MIN_MEAN_DEGREE); SMMF forward + TC backward (4) where only
-    the backward pays, else none. fp32: TC forward (3) from
+    multiplicities within a byte. fp16 / bf16: TC forward (3, the rows /
+    cols passes after it) from TC_FWD_MIN_MEAN_DEGREE[D], with the TC
+    backward (2) from TC_BWD_MIN_MEAN_DEGREE[D]; SMMF forward + TC backward
+    (4) where only the backward pays, else none. fp32: TC forward (3) from
     TC_FWD_MIN_MEAN_DEGREE_FP32[D], the TC backward only with 1xTF32
     products (2 behind the TC forward: _plan maps 3 / 2 to 5 / 6)."""
     import torch
@@ -41,36 +41,42 @@ def test_tc_auto_plan_on_dense_dot_only():
         return (torch.zeros(64, heads, d, dtype=dtype),
                 torch.zeros(64, heads, f, dtype=dtype))
 
-    t_bwd = cuda.TC_BWD_MIN_MEAN_DEGREE
-    t_fwd32, t_fwd16 = (cuda.TC_FWD_MIN_MEAN_DEGREE[d] for d in (32, 16))
-    # (D = 32: the forward pays below the backward; D = 16 above it)
-    assert t_fwd32 < t_bwd < t_fwd16
-    fwd_dense, fwd_only, sparse = (graph(64, t_bwd), graph(64, t_fwd32),
-                                   graph(64, t_fwd32 - 1))
-
     def sid(g, *args, backward=True, kind='dot', one_tf32=False):
         plan = cuda._tc_auto_plan(g, kind, *args, backward, one_tf32)
         return None if plan is None else plan[0]
 
     for dtype in (torch.float16, torch.bfloat16):
-        assert sid(fwd_dense, *qv(dtype)) == 2
-        assert sid(fwd_dense, *qv(dtype), backward=False) == 3
-        # a TC forward whose backward does not pay: only without a backward
-        assert sid(fwd_only, *qv(dtype)) is None
-        assert sid(fwd_only, *qv(dtype), backward=False) == 3
-        # D = 16: the TC backward pays first (SMMF forward + TC backward)
-        assert sid(fwd_dense, *qv(dtype, 16, 16, 8)) == 4
-        assert sid(fwd_dense, *qv(dtype, 16, 16, 8), backward=False) is None
-        assert sid(graph(64, t_fwd16), *qv(dtype, 16, 16, 8)) == 2
-        assert sid(sparse, *qv(dtype)) is None
-        assert sid(sparse, *qv(dtype), backward=False) is None
+        for d in (16, 32, 64, 128):
+            args = qv(dtype, d, d, 128 // d)
+            t_fwd, t_bwd = (cuda.TC_FWD_MIN_MEAN_DEGREE[d],
+                            cuda.TC_BWD_MIN_MEAN_DEGREE[d])
+            # (measured: the forward pays first at every D)
+            assert t_fwd <= t_bwd, d
+            both, fwd_only, sparse = (graph(64, t_bwd), graph(64, t_fwd),
+                                      graph(64, t_fwd - 1))
+            assert sid(both, *args) == 2
+            assert sid(both, *args, backward=False) == 3
+            assert sid(fwd_only, *args) == (2 if t_fwd == t_bwd else 3)
+            assert sid(fwd_only, *args, backward=False) == 3
+            assert sid(sparse, *args) is None
+            assert sid(sparse, *args, backward=False) is None
+            assert sid(both, *args, kind='add') is None
+        fwd_dense = graph(64, cuda.TC_BWD_MIN_MEAN_DEGREE[32])
         assert sid(fwd_dense, *qv(dtype, 32, 64)) is None
         assert sid(fwd_dense, *qv(dtype, 24, 24)) is None
-        assert sid(fwd_dense, *qv(dtype), kind='add') is None
+    # where only the backward pays (a raised forward threshold): SMMF
+    # forward + TC backward with a backward, nothing without
+    with monkeypatch.context() as m:
+        m.setitem(cuda.TC_FWD_MIN_MEAN_DEGREE, 16, 1 << 20)
+        bwd_only = graph(64, cuda.TC_BWD_MIN_MEAN_DEGREE[16])
+        assert sid(bwd_only, *qv(torch.bfloat16, 16, 16, 8)) == 4
+        assert sid(bwd_only, *qv(torch.bfloat16, 16, 16, 8),
+                   backward=False) is None
+    fwd_dense = graph(64, cuda.TC_BWD_MIN_MEAN_DEGREE[32])
     # fp32 (3xTF32): the TC forward from its own thresholds, with the rows /
     # cols passes behind it (no TC backward unasked)
     t_fp32 = cuda.TC_FWD_MIN_MEAN_DEGREE_FP32[32]
-    assert t_fp32 > t_bwd
+    assert t_fp32 > cuda.TC_BWD_MIN_MEAN_DEGREE[32]
     assert sid(fwd_dense, *qv(torch.float32)) is None
     fp32_dense = graph(64, t_fp32)
     assert sid(fp32_dense, *qv(torch.float32)) == 3

@@ -125,8 +125,10 @@ def test_tc_fp32_one_tf32_product_under_allow_tf32(dh):
     restored, 3xTF32 again (and the plan cached per flag)."""
     cuda = _cuda()
     g = torch.Generator().manual_seed(5)
+    # (dense enough for 3xTF32's forward and 1xTF32's backward)
     ei, n = dense_batch([100, 37, 128, 1, 90],
-                        cuda.TC_FWD_MIN_MEAN_DEGREE_FP32[dh], g)
+                        max(cuda.TC_FWD_MIN_MEAN_DEGREE_FP32[dh],
+                            cuda.TC_TF32_BWD_MIN_MEAN_DEGREE[dh]), g)
     graph = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
     value, query, key = inputs(n, 128 // dh, dh, torch.float32, g)
     scale = 1.0 / math.sqrt(dh)
@@ -335,16 +337,17 @@ def dense_batch(sizes, degree, gen):
 
 
 @pytest.mark.parametrize('dtype', (torch.float16, torch.bfloat16))
-def test_smmf_forward_tc_backward_is_picked_and_matches(dtype):
-    """Without a strategy, a dense fp16 / bf16 'dot' batch runs SMMF forward
-    and the backward's tensor-core windows (strategy 4), with the
-    reference's outputs and gradients; sparse graphs, fp32, other kinds and
-    training features keep strategy 0."""
+def test_smmf_forward_tc_backward_is_picked_and_matches(dtype, monkeypatch):
+    """Without a strategy, a dense fp16 / bf16 'dot' batch where only the
+    backward's tensor-core windows pay runs SMMF forward and the TC
+    backward (strategy 4; no D has such a band with session 40's
+    thresholds, so the forward's is raised here), with the reference's
+    outputs and gradients; sparse graphs, fp32, other kinds and training
+    features keep strategy 0."""
     cuda = _cuda()
+    monkeypatch.setitem(cuda.TC_FWD_MIN_MEAN_DEGREE, 16, 1 << 20)
     g = torch.Generator().manual_seed(7)
-    # D = 16: the TC forward pays only from a higher degree than this
-    degree = cuda.TC_BWD_MIN_MEAN_DEGREE + 6
-    assert degree < cuda.TC_FWD_MIN_MEAN_DEGREE[16]
+    degree = cuda.TC_BWD_MIN_MEAN_DEGREE[16] + 2
     ei, n = dense_batch([100, 37, 128, 1, 90], degree, g)
     graph = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
     q, k, v = inputs(n, 8, 16, dtype, g)
@@ -367,18 +370,19 @@ def test_smmf_forward_tc_backward_is_picked_and_matches(dtype):
 @pytest.mark.parametrize('dh', (32, 128))
 def test_tc_forward_is_picked_where_dense_and_matches(dtype, dh):
     """Without a strategy, a fp16 / bf16 'dot' batch dense enough for both
-    TC passes (TC_FWD_MIN_MEAN_DEGREE[D], TC_BWD_MIN_MEAN_DEGREE) runs the
-    TC forward too (strategy 2; 3 without a backward), a fp32 one from
+    TC passes (TC_FWD_MIN_MEAN_DEGREE[D], TC_BWD_MIN_MEAN_DEGREE[D]) runs
+    the TC forward too (strategy 2; 3 without a backward), a fp32 one from
     TC_FWD_MIN_MEAN_DEGREE_FP32[D] the TC forward with the rows / cols
-    passes after it (3 either way), with the reference's outputs and
-    gradients; one below that keeps what still pays
+    passes after it (3 either way); one below that keeps what still pays:
+    in half precision the TC forward with the passes after it (3). Outputs
+    and gradients against the reference on both graphs
     (ops/cuda.py::_tc_auto_plan)."""
     cuda = _cuda()
     g = torch.Generator().manual_seed(11)
     fp32 = dtype == torch.float32
     t_fwd = (cuda.TC_FWD_MIN_MEAN_DEGREE_FP32 if fp32 else
              cuda.TC_FWD_MIN_MEAN_DEGREE)[dh]
-    t_bwd = 1 << 30 if fp32 else cuda.TC_BWD_MIN_MEAN_DEGREE
+    t_bwd = 1 << 30 if fp32 else cuda.TC_BWD_MIN_MEAN_DEGREE[dh]
     need = t_fwd if fp32 else max(t_fwd, t_bwd)
     heads = 128 // dh
     ei, n = dense_batch([100, 37, 128, 1, 90], need, g)
@@ -393,12 +397,18 @@ def test_tc_forward_is_picked_where_dense_and_matches(dtype, dh):
           strategy=None)
     ei, n = dense_batch([100, 37, 128, 1, 90], need - 1, g)
     thinner = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
-    q, _, v = inputs(n, heads, dh, dtype, g)
+    q, k, v = inputs(n, heads, dh, dtype, g)
     fwd_pays, bwd_pays = need - 1 >= t_fwd, need - 1 >= t_bwd
-    assert cuda._plan(thinner, 'dot', q, v, None, backward=True)[0] == (
-        4 if bwd_pays else 0)
+    with_bwd = (2 if fwd_pays and bwd_pays else 3 if fwd_pays else
+                4 if bwd_pays else 0)
+    assert cuda._plan(thinner, 'dot', q, v, None, backward=True)[0] == \
+        with_bwd
     assert cuda._plan(thinner, 'dot', q, v, None, backward=False)[0] == (
         3 if fwd_pays else 0)
+    if not fp32:  # (these thresholds: the TC forward, the passes after it)
+        assert with_bwd == 3
+    check(cuda, thinner, v, q, k, dtype, f'{dtype} D={dh} auto, thinner',
+          strategy=None)
 
 
 def test_tc_plan_without_a_sync():
@@ -408,11 +418,12 @@ def test_tc_plan_without_a_sync():
     cuda = _cuda()
     g = torch.Generator().manual_seed(8)
     sizes = [100, 120, 64]
-    ei, n = dense_batch(sizes, cuda.TC_BWD_MIN_MEAN_DEGREE, g)
+    degree = cuda.TC_BWD_MIN_MEAN_DEGREE[64]
+    ei, n = dense_batch(sizes, degree, g)
     base = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
     bounds = torch.tensor([0, 100, 220, 284], device='cuda')
     graph = DFGraph(base.rowptr, base.col, n,
-                    max_in_degree=cuda.TC_BWD_MIN_MEAN_DEGREE,
+                    max_in_degree=degree,
                     csc=base.csc(), max_out_degree=base.max_out_degree,
                     graph_windows=(bounds, 120))
     q, k, v = inputs(n, 1, 64, torch.bfloat16, g)
@@ -423,7 +434,8 @@ def test_tc_plan_without_a_sync():
         fwd_plan = cuda._plan(graph, 'dot', q, v, None, backward=False)
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    # (D = 64: the TC forward pays from a mean in-degree of 24)
+    # (D = 64: the TC forward pays below the backward's degree)
+    assert cuda.TC_FWD_MIN_MEAN_DEGREE[64] <= degree
     assert plan[0] == 2 and plan[2] is bounds
     assert fwd_plan[0] == 3 and fwd_plan[2] is bounds
     check(cuda, graph, v, q, k, torch.bfloat16, 'device batch, strategy 2',

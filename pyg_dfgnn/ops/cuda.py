@@ -47,43 +47,42 @@ TC_MAX_SOURCES = 128
 TC_HEAD_DIMS = (16, 32, 64, 128)
 #: Edge multiplicities of a window are counted in a byte.
 TC_MAX_DEGREE = 255
-#: Mean in-degree from which the backward's tensor-core windows beat its
-#: rows / cols passes after an SMMF forward (strategy 4, fp16 / bf16, picked
-#: when no strategy is asked for). H100, session 9: the TC backward costs
-#: ~6 ns per row whatever the row's degree, the passes ~0.25-0.6 ns per edge
-#: (TC 1.5x faster at mean in-degree 42 and 32, 1.3x slower at 7.6); even
-#: near 24 on dense batch graphs.
-TC_BWD_MIN_MEAN_DEGREE = 24
-#: Mean in-degree from which the TC forward beats SMMF's, per head size D
-#: (fp16 / bf16). H100, session 24 (two blocks per SM, cp.async staging):
-#: TC ~1.15 ns per row at D = 128, ~1.3 at 64, ~1.75 at 32, ~2.7 at 16;
-#: SMMF ~0.09-0.10 ns per edge (0.07-0.08 at D <= 32): break-even near
-#: 12, 13, 22 and 37 (pattern-like, mean degree 42: TC 3.4x / 3.2x / 1.9x /
-#: 1.14x faster at 1x128 / 2x64 / 4x32 / 8x16; cluster-like, 32: 2.7x at
-#: 1x128, 0.90x at 8x16; mnist-like, 7.6: 0.83x at 1x128).
-TC_FWD_MIN_MEAN_DEGREE = {16: 38, 32: 22, 64: 14, 128: 12}
-#: The same for fp32 (3xTF32). H100, session 25 (two blocks per SM): TC ~2.2
-#: ns per row at D = 128, ~2.4 at 64, ~2.7 at 32; SMMF ~0.08-0.09 ns per
-#: edge: break-even near 27, 30 and 31 (pattern-like, mean degree 42: TC
-#: 1.49x / 1.40x / 1.35x faster at 1x128 / 2x64 / 4x32, on par at 8x16;
-#: cluster-like, 32: 1.20x at 1x128, 0.80x at 8x16; mnist-like, 7.6: 0.55x).
-#: fp32 takes no TC backward unasked (its 3xTF32 backward is slower than the
-#: rows / cols passes), so a TC forward has them behind it: pattern-like
-#: 1x128 forward + backward 1.27 against SMMF's 1.42 ms.
-TC_FWD_MIN_MEAN_DEGREE_FP32 = {16: 64, 32: 32, 64: 30, 128: 28}
+#: Mean in-degree (edges / destination rows) from which the tensor-core
+#: windows pay without being asked for, per head size D, measured against
+#: the short-owner / block kernels of session 40 (short owners at any mean
+#: degree up to a longest owner of 64: the SMMF forward and, more, the rows
+#: / cols passes got faster, so every crossover moved). H100, session 40,
+#: scripts/fwd_bench.py, forward and forward + backward ops on batches of
+#: 1,024 graphs of 117 nodes at mean in-degree 11.5-32.6 and cluster- /
+#: pattern-like (31.8 / 41.6); benchmarks/NOTES.md has the table.
+#:
+#: fp16 / bf16 forward: the TC forward's time is flat in the degree (~0.13
+#: / 0.15 / 0.20 / 0.32 ms at D = 128 / 64 / 32 / 16 on the batches), SMMF's
+#: grows ~0.009 ms per unit of mean degree: even near 12 / 15 / 20 / 35.
+TC_FWD_MIN_MEAN_DEGREE = {16: 35, 32: 20, 64: 15, 128: 12}
+#: fp16 / bf16 backward: the TC backward (~0.45 / 0.44 / 0.59 / 0.93 ms)
+#: against the rows / cols passes (0.37 -> 0.50 ms from mean 15 to 22 at
+#: 1x128): even near 20 / 17 / 24 / 38. Strategy 2 where both pay, the TC
+#: forward with the passes after it (3) where only the forward does; no D
+#: has the backward's threshold below the forward's any more, so the SMMF
+#: forward + TC backward (4, session 9's pick at D = 16 from 24) is not
+#: picked: on cluster-like 8x16 it took 1.23 against SMMF's 1.12 ms.
+TC_BWD_MIN_MEAN_DEGREE = {16: 38, 32: 24, 64: 17, 128: 20}
+#: fp32 (3xTF32 products, the rows / cols passes after it; fp32 takes no TC
+#: backward unasked: its 3xTF32 backward is slower than the passes). The TC
+#: forward's ~0.27 / 0.30 / 0.33 ms at D = 128 / 64 / 32 against SMMF's
+#: forward + the passes: forward + backward even near 24-25 / 26-28 / 32
+#: (pattern-like 1x128 1.12 against 1.25 ms, cluster-like 0.93 / 0.98).
+TC_FWD_MIN_MEAN_DEGREE_FP32 = {16: 64, 32: 32, 64: 28, 128: 26}
 #: The same for fp32 with 1xTF32 products (opt-in, allow_tf32): the TC
-#: forward (1xTF32, the rows / cols passes after it) against SMMF, and the
-#: TC backward behind it against the rows / cols passes. H100, session 39,
-#: batches of 1,024 graphs of 117 nodes at mean in-degree 7.8-25 and
-#: cluster- / pattern-like (31.8 / 41.6), forward + backward ops: the TC
-#: pair costs ~0.85 / 0.97 / 1.19 ms at 1x128 / 2x64 / 4x32 whatever the
-#: degree, SMMF's 0.58 -> 0.90 ms from mean degree 15 to 18.5 at 1x128
-#: (its short kernels end at 16); the TC forward wins from 18.5 at every
-#: D, the TC backward behind it from ~20 (1x128), ~24 (2x64), ~30 (4x32:
-#: 1.19 against 1.10 at 25, 1.21 against 1.25 at 31.8). D = 16 unmeasured:
-#: 3xTF32's forward threshold, no TC backward.
-TC_TF32_FWD_MIN_MEAN_DEGREE = {16: 64, 32: 18, 64: 18, 128: 18}
-TC_TF32_BWD_MIN_MEAN_DEGREE = {32: 30, 64: 24, 128: 20}
+#: forward (1xTF32, the rows / cols passes after it) against SMMF, even
+#: near 18.5 / 20 / 26 (D = 128 / 64 / 32), and the TC backward behind it
+#: against the passes: the pair costs ~0.85 / 0.97 / 1.21 ms whatever the
+#: degree, even near 31 / 33 / 37 (cluster-like 1x128 0.86 against 0.87,
+#: pattern-like 0.87 against 1.06). D = 16 unmeasured: 3xTF32's forward
+#: threshold, no TC backward.
+TC_TF32_FWD_MIN_MEAN_DEGREE = {16: 64, 32: 26, 64: 20, 128: 19}
+TC_TF32_BWD_MIN_MEAN_DEGREE = {32: 37, 64: 33, 128: 31}
 _TC_HALF_DTYPES = (torch.float16, torch.bfloat16)
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _registered = False
@@ -343,10 +342,11 @@ def _tc_auto_plan(graph, kind: str, query: Tensor, value: Tensor,
                   backward: bool,
                   one_tf32: bool = False) -> Optional[Tuple[int, Tensor, int]]:
     """``(strategy id, windows, stage_nodes)`` of the tensor-core windows
-    for a dense graph asked for no strategy: TC forward (3; 2 with the TC
-    backward), or SMMF forward on the TC windows and TC backward (4) where
-    only the backward pays; ``None``: SMMF / PMF. fp16 / bf16 take both TC
-    passes; fp32 the TC forward (TC_FWD_MIN_MEAN_DEGREE_FP32) with the rows
+    for a dense graph asked for no strategy: TC forward (3, the rows / cols
+    passes after it; 2 with the TC backward), or SMMF forward on the TC
+    windows and TC backward (4) where only the backward pays; ``None``:
+    SMMF / PMF. fp16 / bf16 from TC_FWD_MIN_MEAN_DEGREE and
+    TC_BWD_MIN_MEAN_DEGREE; fp32 the TC forward (TC_FWD_MIN_MEAN_DEGREE_FP32) with the rows
     / cols passes after it, or under ``one_tf32`` (1xTF32 products) from
     TC_TF32_FWD_MIN_MEAN_DEGREE, with the TC backward behind it from
     TC_TF32_BWD_MIN_MEAN_DEGREE (the caller maps 3 / 2 to their 1xTF32
@@ -363,8 +363,9 @@ def _tc_auto_plan(graph, kind: str, query: Tensor, value: Tensor,
     fwd_pays = _tc_dense(graph, kind, query, value,
                          thresholds.get(value.shape[2], 1 << 30))
     if half:
-        bwd_pays = backward and _tc_dense(graph, kind, query, value,
-                                          TC_BWD_MIN_MEAN_DEGREE)
+        bwd_pays = backward and _tc_dense(
+            graph, kind, query, value,
+            TC_BWD_MIN_MEAN_DEGREE.get(value.shape[2], 1 << 30))
     else:  # 1xTF32's backward measured behind its TC forward only
         bwd_pays = backward and one_tf32 and fwd_pays and _tc_dense(
             graph, kind, query, value,
@@ -374,17 +375,14 @@ def _tc_auto_plan(graph, kind: str, query: Tensor, value: Tensor,
     windows, span = graph.graph_row_windows(TC_MAX_SOURCES)
     if windows is None:
         return None
-    if fwd_pays and not bwd_pays and (not half or not backward):
+    if fwd_pays and not bwd_pays:  # the rows / cols passes after it
         return 3, windows, span
     bwd_ok = bwd_pays and _tc_backward_ok(graph, windows, kind, query, value,
                                           one_tf32)
     if bwd_ok:
         return (2 if fwd_pays else 4), windows, span
-    if fwd_pays and not half:  # fp32: the rows / cols passes after it
-        return 3, windows, span
-    # (a half-precision TC forward whose backward cannot take the windows
-    # is not measured: SMMF then)
-    return None
+    # (the TC forward, its backward unable to take the windows: the passes)
+    return (3, windows, span) if fwd_pays else None
 
 
 def _plan(graph, kind: str, query: Tensor, value: Tensor,
