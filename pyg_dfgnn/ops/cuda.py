@@ -346,8 +346,9 @@ def _tc_auto_plan(graph, kind: str, query: Tensor, value: Tensor,
     passes after it; 2 with the TC backward), or SMMF forward on the TC
     windows and TC backward (4) where only the backward pays; ``None``:
     SMMF / PMF. fp16 / bf16 from TC_FWD_MIN_MEAN_DEGREE and
-    TC_BWD_MIN_MEAN_DEGREE; fp32 the TC forward (TC_FWD_MIN_MEAN_DEGREE_FP32) with the rows
-    / cols passes after it, or under ``one_tf32`` (1xTF32 products) from
+    TC_BWD_MIN_MEAN_DEGREE; fp32 the TC forward
+    (TC_FWD_MIN_MEAN_DEGREE_FP32) with the rows / cols passes after it, or
+    under ``one_tf32`` (1xTF32 products) from
     TC_TF32_FWD_MIN_MEAN_DEGREE, with the TC backward behind it from
     TC_TF32_BWD_MIN_MEAN_DEGREE (the caller maps 3 / 2 to their 1xTF32
     ids)."""
