@@ -68,6 +68,7 @@ def main(argv=None):
                    help='only these, e.g. smmf,tc-tf32,tc-tf32-bwd')
     p.add_argument('--out', default=None)
     args = p.parse_args(argv)
+    keep = args.variants.split(',') if args.variants else []
     from pyg_dfgnn.ops import cuda
     assert cuda.available()
     dev = torch.device('cuda')
@@ -113,12 +114,11 @@ def main(argv=None):
                     # fixed strategy ids, when asked for by name (the
                     # automatic thresholds' comparisons in every dtype)
                     for strat, sid in FIXED_TC_VARIANTS.items():
-                        if strat in (args.variants or '').split(','):
+                        if strat in keep:
                             variants.append((strat, sid, plan[2], plan[3]))
                 except ValueError:  # no windows of <= 128 sources
                     pass
-            if args.variants:
-                keep = args.variants.split(',')
+            if keep:
                 variants = [x for x in variants if x[0] in keep]
             for strat, sid, win, stage in variants:
                 cwin, cstage = (None, 0) if strat == 'smmf-plain' else (

@@ -16,6 +16,7 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -87,18 +88,16 @@ def tc_cases() -> int:
         ei, n = tt.dense_batch(sizes, cuda.TC_BWD_MIN_MEAN_DEGREE[dh] + 2, g)
         graph = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
         tag = f'{strategy} {dtype} H={heads} D={dh}'
-        fwd_threshold = cuda.TC_FWD_MIN_MEAN_DEGREE[dh]
-        if strategy is None:  # only the backward pays: strategy 4
-            cuda.TC_FWD_MIN_MEAN_DEGREE[dh] = 1 << 20
+        # (no strategy: only the backward pays -> strategy 4)
+        raised = {dh: 1 << 20} if strategy is None else {}
         try:
-            tt.check(cuda, graph, *tt.inputs(n, heads, dh, dtype, g), dtype,
-                     tag, strategy=strategy)
+            with mock.patch.dict(cuda.TC_FWD_MIN_MEAN_DEGREE, raised):
+                tt.check(cuda, graph, *tt.inputs(n, heads, dh, dtype, g),
+                         dtype, tag, strategy=strategy)
             print('ok ', 'tc-bwd', tag, flush=True)
         except AssertionError as e:
             bad += 1
             print('BAD', 'tc-bwd', tag, e, flush=True)
-        finally:
-            cuda.TC_FWD_MIN_MEAN_DEGREE[dh] = fwd_threshold
     # fp32 through the ops: 1xTF32 (strategy 6) and 3xTF32 (2) at D = 128
     # and 32 (H = 3, isolated rows, a one-node graph)
     for dh, one_tf32 in ((128, True), (32, True), (128, False)):

@@ -45,6 +45,7 @@ def test_tc_auto_plan_on_dense_dot_only(monkeypatch):
         plan = cuda._tc_auto_plan(g, kind, *args, backward, one_tf32)
         return None if plan is None else plan[0]
 
+    fwd_dense = graph(64, cuda.TC_BWD_MIN_MEAN_DEGREE[32])
     for dtype in (torch.float16, torch.bfloat16):
         for d in (16, 32, 64, 128):
             args = qv(dtype, d, d, 128 // d)
@@ -61,7 +62,6 @@ def test_tc_auto_plan_on_dense_dot_only(monkeypatch):
             assert sid(sparse, *args) is None
             assert sid(sparse, *args, backward=False) is None
             assert sid(both, *args, kind='add') is None
-        fwd_dense = graph(64, cuda.TC_BWD_MIN_MEAN_DEGREE[32])
         assert sid(fwd_dense, *qv(dtype, 32, 64)) is None
         assert sid(fwd_dense, *qv(dtype, 24, 24)) is None
     # where only the backward pays (a raised forward threshold): SMMF
@@ -72,7 +72,6 @@ def test_tc_auto_plan_on_dense_dot_only(monkeypatch):
         assert sid(bwd_only, *qv(torch.bfloat16, 16, 16, 8)) == 4
         assert sid(bwd_only, *qv(torch.bfloat16, 16, 16, 8),
                    backward=False) is None
-    fwd_dense = graph(64, cuda.TC_BWD_MIN_MEAN_DEGREE[32])
     # fp32 (3xTF32): the TC forward from its own thresholds, with the rows /
     # cols passes behind it (no TC backward unasked)
     t_fp32 = cuda.TC_FWD_MIN_MEAN_DEGREE_FP32[32]

@@ -355,34 +355,26 @@ def _tc_auto_plan(graph, kind: str, query: Tensor, value: Tensor,
     half = value.dtype in _TC_HALF_DTYPES
     if not half and value.dtype != torch.float32:
         return None
-    if half:
-        thresholds = TC_FWD_MIN_MEAN_DEGREE
-    elif one_tf32:
-        thresholds = TC_TF32_FWD_MIN_MEAN_DEGREE
-    else:
-        thresholds = TC_FWD_MIN_MEAN_DEGREE_FP32
-    fwd_pays = _tc_dense(graph, kind, query, value,
-                         thresholds.get(value.shape[2], 1 << 30))
-    if half:
-        bwd_pays = backward and _tc_dense(
-            graph, kind, query, value,
-            TC_BWD_MIN_MEAN_DEGREE.get(value.shape[2], 1 << 30))
-    else:  # 1xTF32's backward measured behind its TC forward only
-        bwd_pays = backward and one_tf32 and fwd_pays and _tc_dense(
-            graph, kind, query, value,
-            TC_TF32_BWD_MIN_MEAN_DEGREE.get(value.shape[2], 1 << 30))
+    # (3xTF32 fp32 takes no TC backward unasked: no backward thresholds)
+    fwd_table, bwd_table = (
+        (TC_FWD_MIN_MEAN_DEGREE, TC_BWD_MIN_MEAN_DEGREE) if half else
+        (TC_TF32_FWD_MIN_MEAN_DEGREE, TC_TF32_BWD_MIN_MEAN_DEGREE)
+        if one_tf32 else (TC_FWD_MIN_MEAN_DEGREE_FP32, {}))
+    never = 1 << 30
+    d = value.shape[2]
+    fwd_pays = _tc_dense(graph, kind, query, value, fwd_table.get(d, never))
+    # (1xTF32's backward was measured behind its TC forward only)
+    bwd_pays = backward and (half or fwd_pays) and _tc_dense(
+        graph, kind, query, value, bwd_table.get(d, never))
     if not (fwd_pays or bwd_pays):
         return None
     windows, span = graph.graph_row_windows(TC_MAX_SOURCES)
     if windows is None:
         return None
-    if fwd_pays and not bwd_pays:  # the rows / cols passes after it
-        return 3, windows, span
-    bwd_ok = bwd_pays and _tc_backward_ok(graph, windows, kind, query, value,
-                                          one_tf32)
-    if bwd_ok:
+    if bwd_pays and _tc_backward_ok(graph, windows, kind, query, value,
+                                    one_tf32):
         return (2 if fwd_pays else 4), windows, span
-    # (the TC forward, its backward unable to take the windows: the passes)
+    # (the TC forward with the rows / cols passes after it)
     return (3, windows, span) if fwd_pays else None
 
 
