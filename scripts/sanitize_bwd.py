@@ -2,6 +2,7 @@
 
     compute-sanitizer --tool memcheck  python scripts/sanitize_bwd.py
     compute-sanitizer --tool racecheck python scripts/sanitize_bwd.py
+    ... scripts/sanitize_bwd.py tc       (the tensor-core cases only)
 
 Covers every score kind, the plain and the staged (row / column windows of
 batched small graphs) blocks of both passes, heavy owners (a super node),
@@ -73,6 +74,10 @@ TC_CASES = [
     ('tc', torch.bfloat16, 2, 32, [100, 37, 1, 90]),
     ('tc', torch.float32, 1, 64, [128, 20]),
     ('tc', torch.float16, 1, 128, [64, 64]),
+    # heads staged in groups: 4 x 32 (one group), 8 x 32 (two), fp32 8 x 16
+    ('tc', torch.bfloat16, 4, 32, [100, 37, 1, 90]),
+    ('tc', torch.float16, 8, 32, [128, 20]),
+    ('tc', torch.float32, 8, 16, [100, 37, 1, 90]),
     (None, torch.bfloat16, 3, 16, [100, 37, 1, 90]),
 ]
 
@@ -113,6 +118,8 @@ def tc_cases() -> int:
 
 def main() -> int:
     bad = tc_cases()
+    if sys.argv[1:] == ['tc']:  # the tensor-core cases only
+        return 1 if bad else 0
     for i, (g, n, kind, dtype, H, F, D, idx64, stage) in \
             enumerate(CASES + SHORT_CASES):
         if i == len(CASES):

@@ -2,6 +2,7 @@
 
     compute-sanitizer --tool memcheck  python scripts/sanitize_cases.py
     compute-sanitizer --tool racecheck python scripts/sanitize_cases.py
+    ... scripts/sanitize_cases.py tc       (the tensor-core cases only)
 
 Every score kind x strategy (SMMF, PMF with multi-segment rows; tensor-core
 windows for 'dot'; SMMF's short-row kernel, forced), the 16-byte
@@ -53,6 +54,9 @@ CASES = [
     ('dot', torch.float32, 'tc', 'batch', 2, 64, 64, None),
     # fp32 at D = 128: K and V of a head in turn in one buffer
     ('dot', torch.float32, 'tc', 'batch', 1, 128, 128, None),
+    # heads staged in groups (bf16: 4 x 32 in one; fp32: 8 x 16 in two)
+    ('dot', torch.bfloat16, 'tc', 'batch', 4, 32, 32, None),
+    ('dot', torch.float32, 'tc', 'batch', 8, 16, 16, None),
 ]
 
 # SMMF's short-row kernel (fwd_rows_kernel.cuh), forced on small graphs
@@ -68,8 +72,11 @@ def main() -> int:
     from pyg_dfgnn.ops import cuda
     assert cuda.available(), 'CUDA kernels unavailable'
     failed = 0
+    cases = CASES + SHORT_ROWS
+    if sys.argv[1:] == ['tc']:  # the tensor-core cases only
+        cases = [c for c in CASES if c[2] == 'tc']
     for i, (kind, dtype, strategy, graph, heads, d, f, idx) in \
-            enumerate(CASES + SHORT_ROWS):
+            enumerate(cases):
         if i == len(CASES):
             os.environ['PYG_DFGNN_SHORT_ROWS'] = '1'
         try:

@@ -279,20 +279,22 @@ def test_tc_backward_windows(dtype, dh):
     check(cuda, graph, v, q, k, dtype, f'{dtype} D={dh} sid={plan[0]}')
 
 
+@pytest.mark.parametrize('heads', (3, 4))
 @pytest.mark.parametrize('one_tf32', (False, True))
 @pytest.mark.parametrize('dh', (16, 32, 64, 128))
-def test_tc_fp32_backward_products(dh, one_tf32):
+def test_tc_fp32_backward_products(dh, one_tf32, heads=3):
     """The fp32 TC backward called through the ops at every D: 3xTF32
     (strategy 2) within fp32's tolerances, 1xTF32 (strategy 6, its TF32
     forward before it) within TF32's and not within fp32's (so that the
-    one product is what ran); H = 3, multi-edges, isolated rows, a graph of
-    one node, gradients poisoned first."""
+    one product is what ran); H = 3 (heads one at a time) and 4 (staged in
+    groups where D <= 64 / 32), multi-edges, isolated rows, a graph of one
+    node, gradients poisoned first."""
     cuda = _cuda()
     g = torch.Generator().manual_seed(100 + dh)
     ei, n = dense_batch([100, 1, 37, 128, 90], 20, g)
     ei = ei[:, ei[1] % 7 != 3]  # isolated destinations
     graph = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
-    value, query, key = inputs(n, 3, dh, torch.float32, g, grad=False)
+    value, query, key = inputs(n, heads, dh, torch.float32, g, grad=False)
     scale = 1.0 / math.sqrt(dh)
     plan = cuda._plan(graph, 'dot', query, value, 'tc', backward=True)
     sid = 6 if one_tf32 else 2
@@ -322,6 +324,27 @@ def test_tc_fp32_backward_products(dh, one_tf32):
     else:
         assert errs[0] <= TOL_OUT[torch.float32], f'out {errs[0]:.2e}'
         assert max(errs[1:]) <= TOL_GRAD[torch.float32], f'grads {errs}'
+
+
+@pytest.mark.parametrize('heads, dh', [(8, 16), (2, 64), (4, 32), (8, 32),
+                                       (2, 16), (6, 32)])
+@pytest.mark.parametrize('dtype', DTYPES)
+def test_tc_heads_staged_in_groups(dtype, heads, dh):
+    """Heads whose K / V (forward; phase A) and Q / dO rows (phase B) the
+    TC kernels stage together: tc_fwd_group (128 / D, fp32 64 / D) and
+    tc_bwd_group (128 / D) heads where that divides H -- 8 x 32 in two
+    groups, 2 x 16 and 6 x 32 one head at a time in some passes; the TC
+    forward and backward against the reference and SMMF."""
+    cuda = _cuda()
+    g = torch.Generator().manual_seed(heads * 1000 + dh)
+    ei, n = dense_batch([100, 1, 37, 128, 90], 20, g)
+    ei = ei[:, ei[1] % 7 != 3]  # isolated destinations
+    graph = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
+    value, query, key = inputs(n, heads, dh, dtype, g)
+    plan = cuda._plan(graph, 'dot', query, value, 'tc', backward=True)
+    assert plan[0] == 2  # the TC forward and backward
+    check(cuda, graph, value, query, key, dtype,
+          f'{dtype} H={heads} D={dh}')
 
 
 def dense_batch(sizes, degree, gen):
