@@ -104,11 +104,13 @@ def tc_cases() -> int:
             bad += 1
             print('BAD', 'tc-bwd', tag, e, flush=True)
     # fp32 through the ops: 1xTF32 (strategy 6) and 3xTF32 (2) at D = 128
-    # and 32 (H = 3, isolated rows, a one-node graph)
-    for dh, one_tf32 in ((128, True), (32, True), (128, False)):
-        tag = f'fp32 D={dh} {"1xTF32" if one_tf32 else "3xTF32"}'
+    # and 32 (H = 3, isolated rows, a one-node graph; H = 4: heads staged
+    # in groups)
+    for dh, one_tf32, heads in ((128, True, 3), (32, True, 3),
+                                (128, False, 3), (32, True, 4)):
+        tag = f'fp32 H={heads} D={dh} {"1xTF32" if one_tf32 else "3xTF32"}'
         try:
-            tt.test_tc_fp32_backward_products(dh, one_tf32)
+            tt.test_tc_fp32_backward_products(dh, one_tf32, heads)
             print('ok ', 'tc-bwd', tag, flush=True)
         except AssertionError as e:
             bad += 1

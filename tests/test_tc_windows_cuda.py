@@ -282,7 +282,7 @@ def test_tc_backward_windows(dtype, dh):
 @pytest.mark.parametrize('heads', (3, 4))
 @pytest.mark.parametrize('one_tf32', (False, True))
 @pytest.mark.parametrize('dh', (16, 32, 64, 128))
-def test_tc_fp32_backward_products(dh, one_tf32, heads=3):
+def test_tc_fp32_backward_products(dh, one_tf32, heads):
     """The fp32 TC backward called through the ops at every D: 3xTF32
     (strategy 2) within fp32's tolerances, 1xTF32 (strategy 6, its TF32
     forward before it) within TF32's and not within fp32's (so that the
