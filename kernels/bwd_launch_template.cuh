@@ -345,10 +345,8 @@ template <typename T> void run_tc_bwd(Args& A, bool one_tf32) {
   a.scale = (float)A.scale;
   const int DH = (int)A.value.size(2);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  // heads staged at once
-  const int G = tc_group_heads() ? tc_bwd_heads_staged(DH, a.H) : 1;
   auto go = [&](auto kernel) {
-    const size_t bytes = tc_bwd_layout(DH, sizeof(T), G).total;
+    const size_t bytes = tc_bwd_layout(DH, sizeof(T)).total;
     if (bytes > 48 * 1024)
       C10_CUDA_CHECK(cudaFuncSetAttribute(
           kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
@@ -356,20 +354,13 @@ template <typename T> void run_tc_bwd(Args& A, bool one_tf32) {
         a, A.windows.data_ptr<int64_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
-  auto grouped = [&](auto one, auto dh) {
-    constexpr bool k1 = decltype(one)::value;
-    constexpr int D = decltype(dh)::value;
-    if (G > 1)
-      go(tc_bwd_kernel<T, D, k1, tc_bwd_group(D)>);
-    else
-      go(tc_bwd_kernel<T, D, k1, 1>);
-  };
   auto by_d = [&](auto one) {
+    constexpr bool k1 = decltype(one)::value;
     switch (DH) {
-      case 16: grouped(one, std::integral_constant<int, 16>{}); break;
-      case 32: grouped(one, std::integral_constant<int, 32>{}); break;
-      case 64: grouped(one, std::integral_constant<int, 64>{}); break;
-      case 128: go(tc_bwd_kernel<T, 128, decltype(one)::value>); break;
+      case 16: go(tc_bwd_kernel<T, 16, k1>); break;
+      case 32: go(tc_bwd_kernel<T, 32, k1>); break;
+      case 64: go(tc_bwd_kernel<T, 64, k1>); break;
+      case 128: go(tc_bwd_kernel<T, 128, k1>); break;
       default:
         TORCH_CHECK(false, "fused_attention_bwd: tensor-core windows take D "
                     "= F in {16, 32, 64, 128}, got ", DH);

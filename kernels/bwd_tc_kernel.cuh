@@ -17,10 +17,7 @@
 // registers, so 8 warps of 2 blocks would not fit), so that one block's
 // staging runs under the other's products. fp32 runs 3xTF32 (mma_tiles.cuh),
 // or one TF32 product (kOneTf32: strategy 6, opt-in as the forward's 5): 8
-// warps, one block an SM. Heads go in groups of kGroup (tc_bwd_group:
-// 128 / D where that divides H): a phase stages the group's rows at once,
-// [n][kGroup * D], and runs its strips head by head, so that a window
-// waits for staged rows twice per group instead of twice per head.
+// warps, one block an SM.
 #pragma once
 
 #include <type_traits>
@@ -65,52 +62,39 @@ struct TcBwdArgs {
   float scale;
 };
 
-// Heads staged together: rows of up to 128 elements (the one-head layout's
-// widest); a launch groups them where the group divides H.
-__host__ __device__ constexpr int tc_bwd_group(int DH) {
-  return DH < kTcMax ? kTcMax / DH : 1;
-}
-__host__ __device__ constexpr int tc_bwd_heads_staged(int DH, int H) {
-  return H % tc_bwd_group(DH) == 0 ? tc_bwd_group(DH) : 1;
-}
-
-// Shared memory (bytes, 16-byte aligned) for G heads staged at once: 2
-// operand slots of [128][G * DH + pad] rows | counts [128][kTcCntStride]
-// uint8 | lse, D fp32 [G][128] each | block scalars.
+// Shared memory (bytes, 16-byte aligned): 2 operand slots of [128][DH +
+// pad] rows | counts [128][kTcCntStride] uint8 | lse, D fp32 [128] each |
+// block scalars.
 struct TcBwdLayout {
   size_t slot, cnt, lse, d, scalars, total;
 };
-__host__ __device__ inline TcBwdLayout tc_bwd_layout(int DH, size_t elem,
-                                                     int G = 1) {
+__host__ __device__ inline TcBwdLayout tc_bwd_layout(int DH, size_t elem) {
   const int pad = (int)(16 / elem);
   TcBwdLayout L;
-  L.slot = align16((size_t)kTcMax * (G * DH + pad) * elem);
+  L.slot = align16((size_t)kTcMax * (DH + pad) * elem);
   L.cnt = 2 * L.slot;
   L.lse = L.cnt + (size_t)kTcMax * kTcCntStride;
-  L.d = L.lse + (size_t)G * kTcMax * 4;
-  L.scalars = L.d + (size_t)G * kTcMax * 4;
+  L.d = L.lse + kTcMax * 4;
+  L.scalars = L.d + kTcMax * 4;
   L.total = L.scalars + 16;
   return L;
 }
 
-template <typename T, int DH, bool kOneTf32 = false, int kGroup = 1>
+template <typename T, int DH, bool kOneTf32 = false>
 __global__ void __launch_bounds__(tc_bwd_threads<T>(), tc_bwd_tf32<T>() ? 1 : 2)
     tc_bwd_kernel(TcBwdArgs<T> a, const int64_t* __restrict__ windows) {
   using M = MmaTile<T>;
   constexpr bool kTf32 = M::kTf32;
   static_assert(kTf32 || !kOneTf32, "1xTF32: fp32 only");
   constexpr int kWarps = tc_bwd_warps<T>(), kThreads = tc_bwd_threads<T>();
-  static_assert(kGroup == 1 || kGroup == tc_bwd_group(DH),
-                "kGroup: 1 or tc_bwd_group");
   constexpr int kK = M::kK, kPad = (int)(16 / sizeof(T));
-  constexpr int W = kGroup * DH;     // staged row width
-  constexpr int NS = W + kPad;       // stride of the rows [128][W]
+  constexpr int NS = DH + kPad;      // stride of the rows [128][DH]
   constexpr int kOut = DH / 8;       // n-tiles of a [16 x DH] result
   // rows staged with zeros up to a multiple of 16 (fp32: 32, its products
   // go four tiles at a time)
   constexpr int kPadTo = kTf32 ? 32 : 16;
   extern __shared__ __align__(16) unsigned char smem[];
-  const TcBwdLayout L = tc_bwd_layout(DH, sizeof(T), kGroup);
+  const TcBwdLayout L = tc_bwd_layout(DH, sizeof(T));
   T* slot[2] = {reinterpret_cast<T*>(smem),
                 reinterpret_cast<T*>(smem + L.slot)};
   unsigned char* s_cnt = smem + L.cnt;
@@ -133,14 +117,13 @@ __global__ void __launch_bounds__(tc_bwd_threads<T>(), tc_bwd_tf32<T>() ? 1 : 2)
   const int src_pad = (n_src + kPadTo - 1) / kPadTo * kPadTo;
   const int row_pad = (n_rows + kPadTo - 1) / kPadTo * kPadTo;
 
-  // Stage rows [0, n_pad) of X's heads h .. h + kGroup - 1 (row i at X +
-  // (base + i) * HD + h * DH; zeros past n) as NK rows (fp32: permuted
-  // within 8-tiles) by cp.async, in flight until cp_async_wait_all. The
-  // host hands aligned inputs.
+  // Stage rows [0, n_pad) of X (row i at X + (base + i) * HD + h * DH; zeros
+  // past n) as NK rows (fp32: permuted within 8-tiles) by cp.async, in
+  // flight until cp_async_wait_all. The host hands aligned inputs.
   auto stage = [&](const T* x, int64_t base, int n, int n_pad, int h,
                    T* nk) {
-    tc_stage_rows_async<T, W, kThreads>(x + h * DH, base, HD, n, n_pad, nk,
-                                        NS, tid);
+    tc_stage_rows_async<T, DH, kThreads>(x + h * DH, base, HD, n, n_pad, nk,
+                                         NS, tid);
   };
 
   // ---- counts cnt[row][source - lo] (the first head's K, V in flight)
@@ -157,13 +140,12 @@ __global__ void __launch_bounds__(tc_bwd_threads<T>(), tc_bwd_tf32<T>() ? 1 : 2)
       atomicAdd(&cnt_words[(r * kTcCntStride + c) / 4], 1u << (8 * (c % 4)));
     }
 
-  // s = X N0^T and dp = Y N1^T over the used 8-tiles of n (NK rows n0, n1:
-  // a head's columns of slots 0 and 1): X, Y as row pairs (rows g, g + 8; nullptr: zeros) in
+  // s = X N0^T and dp = Y N1^T over the used 8-tiles of n (NK rows in
+  // slots 0 and 1): X, Y as row pairs (rows g, g + 8; nullptr: zeros) in
   // global memory -- S and dP of a row strip (X = Q, Y = dO), S^T and dP^T
   // of a source strip (X = K, Y = V).
   auto two_products = [&](const T* xa, const T* xb, const T* ya,
-                          const T* yb, int n_tiles, const T* n0,
-                          const T* n1, float (&s)[kTcTiles][4],
+                          const T* yb, int n_tiles, float (&s)[kTcTiles][4],
                           float (&dp)[kTcTiles][4]) {
 #pragma unroll
     for (int t = 0; t < kTcTiles; ++t)
@@ -174,16 +156,16 @@ __global__ void __launch_bounds__(tc_bwd_threads<T>(), tc_bwd_tf32<T>() ? 1 : 2)
       for (int k0 = 0; k0 < DH; k0 += kK) {
         const typename M::A fx = M::load_a(xa, xb, k0, q4);
         const typename M::A fy = M::load_a(ya, yb, k0, q4);
-        mma_nk_tf32<!kOneTf32>(s, fx, n_tiles, n0, NS, k0, lane);
-        mma_nk_tf32<!kOneTf32>(dp, fy, n_tiles, n1, NS, k0, lane);
+        mma_nk_tf32<!kOneTf32>(s, fx, n_tiles, slot[0], NS, k0, lane);
+        mma_nk_tf32<!kOneTf32>(dp, fy, n_tiles, slot[1], NS, k0, lane);
       }
     } else {
 #pragma unroll
       for (int k0 = 0; k0 < DH; k0 += kK) {
         const typename M::A fx = M::load_a(xa, xb, k0, q4);
         const typename M::A fy = M::load_a(ya, yb, k0, q4);
-        mma_nk_pairs<T>(s, fx.hi, n_tiles, n0, NS, k0, lane);
-        mma_nk_pairs<T>(dp, fy.hi, n_tiles, n1, NS, k0, lane);
+        mma_nk_pairs<T>(s, fx.hi, n_tiles, slot[0], NS, k0, lane);
+        mma_nk_pairs<T>(dp, fy.hi, n_tiles, slot[1], NS, k0, lane);
       }
     }
   };
@@ -207,114 +189,96 @@ __global__ void __launch_bounds__(tc_bwd_threads<T>(), tc_bwd_tf32<T>() ? 1 : 2)
                                                           NS, lane, store);
   };
 
-  for (int h0 = 0; h0 < H; h0 += kGroup) {
+  for (int h = 0; h < H; ++h) {
     // ================================================= A: row strips
-    if (h0 > 0) {
-      __syncthreads();  // the last group's phase B is done with the slots
-      stage(a.k, src_lo, n_src, src_pad, h0, slot[0]);
-      stage(a.v, src_lo, n_src, src_pad, h0, slot[1]);
+    if (h > 0) {
+      __syncthreads();  // the previous head's phase B is done with the slots
+      stage(a.k, src_lo, n_src, src_pad, h, slot[0]);
+      stage(a.v, src_lo, n_src, src_pad, h, slot[1]);
     }
-    for (int i = tid; i < n_rows * kGroup; i += kThreads) {
-      const int r = i / kGroup, hg = i % kGroup;
-      s_lse[hg * kTcMax + r] = a.lse[(r_begin + r) * H + h0 + hg];
-    }
+    for (int r = tid; r < n_rows; r += kThreads)
+      s_lse[r] = a.lse[(r_begin + r) * H + h];
     cp_async_wait_all();
     __syncthreads();  // staged rows, counts and lse visible to every warp
-    for (int hg = 0; hg < kGroup; ++hg) {
-      const int h = h0 + hg;
-      const T* k_rows = slot[0] + hg * DH;  // this head's columns
-      const T* v_rows = slot[1] + hg * DH;
-      const float* lse_h = s_lse + hg * kTcMax;
-      float* d_h = s_d + hg * kTcMax;
-      for (int r0 = warp * 16; r0 < n_rows; r0 += kWarps * 16) {
-        const bool ok_a = r0 + g < n_rows, ok_b = r0 + g + 8 < n_rows;
-        const int64_t row_a = r_begin + r0 + g, row_b = row_a + 8;
-        const T* qa = ok_a ? a.q + row_a * HD + h * DH : nullptr;
-        const T* qb = ok_b ? a.q + row_b * HD + h * DH : nullptr;
-        const T* oa = ok_a ? a.dout + row_a * HD + h * DH : nullptr;
-        const T* ob = ok_b ? a.dout + row_b * HD + h * DH : nullptr;
-        float s[kTcTiles][4], dp[kTcTiles][4];
-        two_products(qa, qb, oa, ob, src_tiles, k_rows, v_rows, s, dp);
-        const float lse_a = ok_a ? lse_h[r0 + g] : 0.f;
-        const float lse_b = ok_b ? lse_h[r0 + g + 8] : 0.f;
-        const unsigned char* ca = s_cnt + (r0 + g) * kTcCntStride;
-        const unsigned char* cb = ca + 8 * kTcCntStride;
-        float d_a = 0.f, d_b = 0.f;
+    for (int r0 = warp * 16; r0 < n_rows; r0 += kWarps * 16) {
+      const bool ok_a = r0 + g < n_rows, ok_b = r0 + g + 8 < n_rows;
+      const int64_t row_a = r_begin + r0 + g, row_b = row_a + 8;
+      const T* qa = ok_a ? a.q + row_a * HD + h * DH : nullptr;
+      const T* qb = ok_b ? a.q + row_b * HD + h * DH : nullptr;
+      const T* oa = ok_a ? a.dout + row_a * HD + h * DH : nullptr;
+      const T* ob = ok_b ? a.dout + row_b * HD + h * DH : nullptr;
+      float s[kTcTiles][4], dp[kTcTiles][4];
+      two_products(qa, qb, oa, ob, src_tiles, s, dp);
+      const float lse_a = ok_a ? s_lse[r0 + g] : 0.f;
+      const float lse_b = ok_b ? s_lse[r0 + g + 8] : 0.f;
+      const unsigned char* ca = s_cnt + (r0 + g) * kTcCntStride;
+      const unsigned char* cb = ca + 8 * kTcCntStride;
+      float d_a = 0.f, d_b = 0.f;
 #pragma unroll
-        for (int t = 0; t < kTcTiles; ++t)
+      for (int t = 0; t < kTcTiles; ++t)
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const bool ok = t < src_tiles && (i < 2 ? ok_a : ok_b);
-            const unsigned c = ok ? (i < 2 ? ca : cb)[index_of(t, i)] : 0u;
-            const float p =
-                c > 0 ? (float)c *
-                            expf(s[t][i] * a.scale - (i < 2 ? lse_a : lse_b))
-                      : 0.f;
-            s[t][i] = p;
-            if (i < 2) d_a = fmaf(p, dp[t][i], d_a);
-            else d_b = fmaf(p, dp[t][i], d_b);
-          }
-#pragma unroll
-        for (int o = 1; o <= 2; o <<= 1) {
-          d_a += __shfl_xor_sync(kFullMask, d_a, o);
-          d_b += __shfl_xor_sync(kFullMask, d_b, o);
-        }
-        if (q4 == 0) {
-          if (ok_a) d_h[r0 + g] = d_a;
-          if (ok_b) d_h[r0 + g + 8] = d_b;
+        for (int i = 0; i < 4; ++i) {
+          const bool ok = t < src_tiles && (i < 2 ? ok_a : ok_b);
+          const unsigned c = ok ? (i < 2 ? ca : cb)[index_of(t, i)] : 0u;
+          const float p =
+              c > 0 ? (float)c * expf(s[t][i] * a.scale - (i < 2 ? lse_a : lse_b))
+                    : 0.f;
+          s[t][i] = p;
+          if (i < 2) d_a = fmaf(p, dp[t][i], d_a);
+          else d_b = fmaf(p, dp[t][i], d_b);
         }
 #pragma unroll
-        for (int t = 0; t < kTcTiles; ++t)
-#pragma unroll
-          for (int i = 0; i < 4; ++i)
-            s[t][i] *= dp[t][i] - (i < 2 ? d_a : d_b);  // ds
-        // dQ = scale dS K (k over sources: K's rows)
-        product(s, src_tiles, k_rows, a.dq, row_a * HD + h * DH,
-                row_b * HD + h * DH, ok_a, ok_b, a.scale);
+      for (int o = 1; o <= 2; o <<= 1) {
+        d_a += __shfl_xor_sync(kFullMask, d_a, o);
+        d_b += __shfl_xor_sync(kFullMask, d_b, o);
       }
+      if (q4 == 0) {
+        if (ok_a) s_d[r0 + g] = d_a;
+        if (ok_b) s_d[r0 + g + 8] = d_b;
+      }
+#pragma unroll
+      for (int t = 0; t < kTcTiles; ++t)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          s[t][i] *= dp[t][i] - (i < 2 ? d_a : d_b);  // ds
+      // dQ = scale dS K (k over sources: K's rows)
+      product(s, src_tiles, slot[0], a.dq, row_a * HD + h * DH,
+              row_b * HD + h * DH, ok_a, ok_b, a.scale);
     }
 
     // ================================================= B: source strips
     __syncthreads();  // phase A done with the slots; D complete
-    stage(a.q, r_begin, n_rows, row_pad, h0, slot[0]);
-    stage(a.dout, r_begin, n_rows, row_pad, h0, slot[1]);
+    stage(a.q, r_begin, n_rows, row_pad, h, slot[0]);
+    stage(a.dout, r_begin, n_rows, row_pad, h, slot[1]);
     cp_async_wait_all();
     __syncthreads();
-    for (int hg = 0; hg < kGroup; ++hg) {
-      const int h = h0 + hg;
-      const T* q_rows = slot[0] + hg * DH;
-      const T* o_rows = slot[1] + hg * DH;
-      const float* lse_h = s_lse + hg * kTcMax;
-      const float* d_h = s_d + hg * kTcMax;
-      for (int c0 = warp * 16; c0 < n_src; c0 += kWarps * 16) {
-        const bool ok_a = c0 + g < n_src, ok_b = c0 + g + 8 < n_src;
-        const int64_t src_a = src_lo + c0 + g, src_b = src_a + 8;
-        const T* ka = ok_a ? a.k + src_a * HD + h * DH : nullptr;
-        const T* kb = ok_b ? a.k + src_b * HD + h * DH : nullptr;
-        const T* va = ok_a ? a.v + src_a * HD + h * DH : nullptr;
-        const T* vb = ok_b ? a.v + src_b * HD + h * DH : nullptr;
-        float s[kTcTiles][4], dp[kTcTiles][4];  // S^T, dP^T: rows = sources
-        two_products(ka, kb, va, vb, row_tiles, q_rows, o_rows, s, dp);
+    for (int c0 = warp * 16; c0 < n_src; c0 += kWarps * 16) {
+      const bool ok_a = c0 + g < n_src, ok_b = c0 + g + 8 < n_src;
+      const int64_t src_a = src_lo + c0 + g, src_b = src_a + 8;
+      const T* ka = ok_a ? a.k + src_a * HD + h * DH : nullptr;
+      const T* kb = ok_b ? a.k + src_b * HD + h * DH : nullptr;
+      const T* va = ok_a ? a.v + src_a * HD + h * DH : nullptr;
+      const T* vb = ok_b ? a.v + src_b * HD + h * DH : nullptr;
+      float s[kTcTiles][4], dp[kTcTiles][4];  // S^T, dP^T: rows = sources
+      two_products(ka, kb, va, vb, row_tiles, s, dp);
 #pragma unroll
-        for (int t = 0; t < kTcTiles; ++t)
+      for (int t = 0; t < kTcTiles; ++t)
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int r = index_of(t, i);  // window row of this column
-            const bool ok =
-                t < row_tiles && r < n_rows && (i < 2 ? ok_a : ok_b);
-            const unsigned c =
-                ok ? s_cnt[r * kTcCntStride + c0 + g + (i < 2 ? 0 : 8)] : 0u;
-            const float p =
-                c > 0 ? (float)c * expf(s[t][i] * a.scale - lse_h[r]) : 0.f;
-            s[t][i] = p;
-            dp[t][i] = c > 0 ? p * (dp[t][i] - d_h[r]) : 0.f;  // ds
-          }
-        // dV = P^T dO (dO's rows), dK = scale dS^T Q (Q's rows)
-        product(s, row_tiles, o_rows, a.dv, src_a * HD + h * DH,
-                src_b * HD + h * DH, ok_a, ok_b, 1.f);
-        product(dp, row_tiles, q_rows, a.dk, src_a * HD + h * DH,
-                src_b * HD + h * DH, ok_a, ok_b, a.scale);
-      }
+        for (int i = 0; i < 4; ++i) {
+          const int r = index_of(t, i);  // window row of this column
+          const bool ok = t < row_tiles && r < n_rows && (i < 2 ? ok_a : ok_b);
+          const unsigned c =
+              ok ? s_cnt[r * kTcCntStride + c0 + g + (i < 2 ? 0 : 8)] : 0u;
+          const float p =
+              c > 0 ? (float)c * expf(s[t][i] * a.scale - s_lse[r]) : 0.f;
+          s[t][i] = p;
+          dp[t][i] = c > 0 ? p * (dp[t][i] - s_d[r]) : 0.f;  // ds
+        }
+      // dV = P^T dO (dO's rows), dK = scale dS^T Q (Q's rows)
+      product(s, row_tiles, slot[1], a.dv, src_a * HD + h * DH,
+              src_b * HD + h * DH, ok_a, ok_b, 1.f);
+      product(dp, row_tiles, slot[0], a.dk, src_a * HD + h * DH,
+              src_b * HD + h * DH, ok_a, ok_b, a.scale);
     }
   }
 }

@@ -212,9 +212,7 @@ fused_attention_fwd_cuda(
                 "kind, int32 'col', D = F in {16, 32, 64, 128}, no edge "
                 "terms / dropout / attention weights and in-degrees <= ",
                 kTcMaxDegree);
-    TORCH_CHECK(tc_layout(tc_fwd_width((int)D, (int)H,
-                                       (int)value.element_size()),
-                          value.element_size()).total <=
+    TORCH_CHECK(tc_layout((int)D, value.element_size()).total <=
                     (size_t)device_optin,
                 "fused_attention_fwd: tensor-core window too large for the "
                 "device's shared memory");

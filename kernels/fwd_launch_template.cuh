@@ -382,32 +382,20 @@ void run_tc(const Launch& L) {
   if (blocks <= 0) return;
   const auto a = make_args<scalar_t, int32_t, true>(L);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  auto go = [&](auto kernel, int width) {  // width: staged row elements
-    const size_t bytes = tc_layout(width, sizeof(scalar_t)).total;
+  auto go = [&](auto kernel, int DH) {
+    const size_t bytes = tc_layout(DH, sizeof(scalar_t)).total;
     allow_smem(kernel, bytes);
     kernel<<<(unsigned)blocks, kTcThreads, bytes, stream>>>(
         a, L.windows.data_ptr<int64_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
-  // heads in groups of tc_fwd_group where that divides H, else one by one
-  auto grouped = [&](auto one_tf32, auto dh) {
-    constexpr bool k1 = decltype(one_tf32)::value;
-    constexpr int DH = decltype(dh)::value;
-    constexpr int G = tc_fwd_group(DH, (int)sizeof(scalar_t));
-    const int width = tc_group_heads()
-                          ? tc_fwd_width(DH, (int)L.H, (int)sizeof(scalar_t))
-                          : DH;
-    if (G > 1 && width == G * DH)
-      go(tc_fwd_kernel<scalar_t, DH, k1, G>, width);
-    else
-      go(tc_fwd_kernel<scalar_t, DH, k1, 1>, width);
-  };
   auto by_d = [&](auto one_tf32) {
+    constexpr bool k1 = decltype(one_tf32)::value;
     switch (L.D) {
-      case 16: grouped(one_tf32, std::integral_constant<int, 16>{}); break;
-      case 32: grouped(one_tf32, std::integral_constant<int, 32>{}); break;
-      case 64: grouped(one_tf32, std::integral_constant<int, 64>{}); break;
-      case 128: grouped(one_tf32, std::integral_constant<int, 128>{}); break;
+      case 16: go(tc_fwd_kernel<scalar_t, 16, k1>, 16); break;
+      case 32: go(tc_fwd_kernel<scalar_t, 32, k1>, 32); break;
+      case 64: go(tc_fwd_kernel<scalar_t, 64, k1>, 64); break;
+      case 128: go(tc_fwd_kernel<scalar_t, 128, k1>, 128); break;
       default:
         TORCH_CHECK(false, "fused_attention_fwd: tensor-core windows take "
                     "D = F in {16, 32, 64, 128} (got ", L.D, ")");

@@ -22,11 +22,6 @@
 // lse = max + log(sum + 1e-16) (-inf for an empty row) and O follow SMMF's
 // conventions, so either backward (the rows / cols passes, or the TC
 // windows of bwd_tc_kernel.cuh) takes it.
-// Heads go in groups of kGroup (tc_fwd_group: heads of D <= 64 whose rows
-// together are at most 128 wide, 64 for fp32): a group's K and V rows are
-// staged at once, [source][kGroup * D], so that a window waits for its
-// rows once per group instead of once per head (the n x n work per head
-// stays).
 // A whole row of scores lives in registers (16 accumulator tiles of 8
 // sources): no online softmax, one pass over K and V. Two blocks per SM
 // (<= 128 registers: P packed or split at use, O in parts), so that one
@@ -70,16 +65,6 @@ __host__ __device__ constexpr int tc_v_stride(int DH, int elem) {
 __host__ __device__ constexpr bool tc_share_kv(int DH, int elem) {
   return elem == 4 && DH == 128;
 }
-// Heads staged together (rows of kGroup * DH elements, the widths the
-// one-head layout already takes without sharing K's buffer with V); a
-// launch uses it where it divides H, else one head at a time.
-__host__ __device__ constexpr int tc_fwd_group(int DH, int elem) {
-  return (elem == 4 ? 64 : 128) / DH > 1 ? (elem == 4 ? 64 : 128) / DH : 1;
-}
-// The row width a launch stages (its shared memory: tc_layout of it).
-__host__ __device__ constexpr int tc_fwd_width(int DH, int H, int elem) {
-  return H % tc_fwd_group(DH, elem) == 0 ? tc_fwd_group(DH, elem) * DH : DH;
-}
 
 // Shared memory of a TC block (byte offsets, 16-byte aligned): K rows of
 // the head [kTcMaxSrc][tc_k_stride] T | V rows of the head
@@ -104,8 +89,7 @@ __host__ __device__ inline TcLayout tc_layout(int DH, size_t elem) {
 // One window per block: rows windows[b] .. windows[b + 1]; DH = D = F.
 // kOneTf32 (fp32 only, opt-in): one TF32 product per tile instead of three
 // (operands rounded to tf32: ~1e-3 relative error, PyTorch's allow_tf32).
-// kGroup heads staged at once (1 or tc_fwd_group; H a multiple of it).
-template <typename T, int DH, bool kOneTf32 = false, int kGroup = 1>
+template <typename T, int DH, bool kOneTf32 = false>
 __global__ void __launch_bounds__(kTcThreads, kTcMinBlocks)
     tc_fwd_kernel(FwdArgs<T, int32_t> a, const int64_t* __restrict__ windows) {
   static_assert(DH % 16 == 0 && DH <= 128, "DH: 16, 32, 64 or 128");
@@ -114,19 +98,15 @@ __global__ void __launch_bounds__(kTcThreads, kTcMinBlocks)
   using M = MmaTile<T>;
   constexpr bool kTf32 = M::kTf32;
   constexpr int kK = M::kK;
-  constexpr int W = kGroup * DH;  // staged row width
-  static_assert(kGroup == 1 || kGroup == tc_fwd_group(DH, (int)sizeof(T)),
-                "kGroup: 1 or tc_fwd_group");
-  constexpr int KS = tc_k_stride(W, (int)sizeof(T));
-  constexpr int VS = tc_v_stride(W, (int)sizeof(T));
-  constexpr bool kShareKV = tc_share_kv(W, (int)sizeof(T));
-  static_assert(!kShareKV || kGroup == 1, "K / V take turns per head");
+  constexpr int KS = tc_k_stride(DH, (int)sizeof(T));
+  constexpr int VS = tc_v_stride(DH, (int)sizeof(T));
+  constexpr bool kShareKV = tc_share_kv(DH, (int)sizeof(T));
   constexpr int kOutTiles = DH / 8;        // n-tiles of O
   // k-steps of S unrolled: all for fp16 / bf16; two for fp32, whose three
   // mma per product made the whole kernel ~300 KB of code
   constexpr int kUnrollK = kTf32 ? 2 : DH / kK;
   extern __shared__ __align__(16) unsigned char smem[];
-  const TcLayout L = tc_layout(W, sizeof(T));
+  const TcLayout L = tc_layout(DH, sizeof(T));
   T* s_k = reinterpret_cast<T*>(smem);
   T* s_v = reinterpret_cast<T*>(smem + L.v);
   unsigned char* s_cnt = smem + L.cnt;
@@ -147,17 +127,17 @@ __global__ void __launch_bounds__(kTcThreads, kTcMinBlocks)
   constexpr int kPadTo = kTf32 ? 32 : 16;
   const int n_tiles8 = (n_src + 7) / 8;
   const int n_pad = (n_src + kPadTo - 1) / kPadTo * kPadTo;
-  // K (fp32: permuted within 8-tiles) and V rows (true order) of heads h
-  // .. h + kGroup - 1 into shared memory (the copies still in flight on
-  // return: cp_async_wait_all and a barrier before use). The host hands
-  // 16-byte aligned inputs, so every row is (DH * size of T is a multiple).
+  // K (fp32: permuted within 8-tiles) and V rows (true order) of head h
+  // into shared memory (the copies still in flight on return:
+  // cp_async_wait_all and a barrier before use). The host hands 16-byte
+  // aligned inputs, so every row is (DH * size of T is a multiple).
   auto stage_k = [&](int h) {
-    tc_stage_rows_async<T, W, kTcThreads>(a.k + h * DH, src_lo, HD, n_src,
-                                          n_pad, s_k, KS, tid);
+    tc_stage_rows_async<T, DH, kTcThreads>(a.k + h * DH, src_lo, HD, n_src,
+                                           n_pad, s_k, KS, tid);
   };
   auto stage_v = [&](int h) {
-    tc_stage_rows_async<T, W, kTcThreads, false>(a.v + h * DH, src_lo, HD,
-                                                 n_src, n_pad, s_v, VS, tid);
+    tc_stage_rows_async<T, DH, kTcThreads, false>(a.v + h * DH, src_lo, HD,
+                                                  n_src, n_pad, s_v, VS, tid);
   };
 
   for (int64_t c_begin = w_begin; c_begin < w_end; c_begin += kTcMaxRows) {
@@ -183,18 +163,13 @@ __global__ void __launch_bounds__(kTcThreads, kTcMinBlocks)
     }
 
     for (int h = 0; h < H; ++h) {
-      const int hg = h % kGroup;  // head within the staged group
-      if (hg == 0) {
-        if (h > 0) {
-          __syncthreads();  // every warp is done with the last group's rows
-          stage_k(h);
-          if constexpr (!kShareKV) stage_v(h);
-        }
-        cp_async_wait_all();
-        __syncthreads();  // staged rows and counts visible to every warp
+      if (h > 0) {
+        __syncthreads();  // every warp is done with head h - 1's rows
+        stage_k(h);
+        if constexpr (!kShareKV) stage_v(h);
       }
-      const T* k_rows = s_k + hg * DH;  // this head's columns
-      const T* v_rows = s_v + hg * DH;
+      cp_async_wait_all();
+      __syncthreads();  // staged rows and counts visible to every warp
       const bool multi = s_lo[2] != 0;  // (block-uniform)
 
       const int r0 = warp * 16;  // this warp's 16 rows (warp-uniform)
@@ -219,13 +194,13 @@ __global__ void __launch_bounds__(kTcThreads, kTcMinBlocks)
           for (int k0 = 0; k0 < DH; k0 += kK) {
             const typename M::A fq = M::split_x(xq);
             if (k0 + kK < DH) M::load_x(qa, qb, k0 + kK, q4, xq);
-            mma_nk_tf32<!kOneTf32>(s, fq, n_tiles8, k_rows, KS, k0, lane);
+            mma_nk_tf32<!kOneTf32>(s, fq, n_tiles8, s_k, KS, k0, lane);
           }
         } else {
 #pragma unroll
           for (int k0 = 0; k0 < DH; k0 += kK) {
             const typename M::A fq = M::load_a(qa, qb, k0, q4);
-            mma_nk_pairs<T>(s, fq.hi, n_tiles8, k_rows, KS, k0, lane);
+            mma_nk_pairs<T>(s, fq.hi, n_tiles8, s_k, KS, k0, lane);
           }
         }
         // ---- mask, row max (rows g and g + 8: a quad holds a row)
@@ -299,7 +274,7 @@ __global__ void __launch_bounds__(kTcThreads, kTcMinBlocks)
         if (ok_b) store_vec<T, 2>(a.out + row_b * HD + f, vb);
       };
       product_rows_store<T, kTcSrcTiles, kOutTiles, kOneTf32>(
-          s, n_tiles8, v_rows, VS, lane, store);
+          s, n_tiles8, s_v, VS, lane, store);
       if (q4 == 0) {
         if (ok_a)
           a.lse[row_a * H + h] =

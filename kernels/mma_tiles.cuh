@@ -24,7 +24,6 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <type_traits>
 
 #include "numeric.cuh"
@@ -147,14 +146,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4],
 }
 
 // ------------------------------------------------------------ staging
-// PYG_DFGNN_TC_GROUPS (read per call): '0' stages the TC kernels' heads
-// one at a time, as before session 41 (benchmarks compare the two); else
-// in the groups of tc_fwd_group / tc_bwd_group.
-inline bool tc_group_heads() {
-  const char* env = std::getenv("PYG_DFGNN_TC_GROUPS");
-  return !(env != nullptr && env[0] == '0');
-}
-
 // Rows [0, n_pad) of X (row i at x + (base + i) * ld) as rows `nk`
 // (stride ns; kPermute: permuted within 8-tiles, fp32's NK rows,
 // tc_staged_row; else in true order), zeros past n, by cp.async: every copy
