@@ -74,7 +74,7 @@ TC_CASES = [
     ('tc', torch.bfloat16, 2, 32, [100, 37, 1, 90]),
     ('tc', torch.float32, 1, 64, [128, 20]),
     ('tc', torch.float16, 1, 128, [64, 64]),
-    # heads staged in groups: 4 x 32 (one group), 8 x 32 (two), fp32 8 x 16
+    # more heads: 4 x 32, 8 x 32, fp32 8 x 16
     ('tc', torch.bfloat16, 4, 32, [100, 37, 1, 90]),
     ('tc', torch.float16, 8, 32, [128, 20]),
     ('tc', torch.float32, 8, 16, [100, 37, 1, 90]),
@@ -104,8 +104,7 @@ def tc_cases() -> int:
             bad += 1
             print('BAD', 'tc-bwd', tag, e, flush=True)
     # fp32 through the ops: 1xTF32 (strategy 6) and 3xTF32 (2) at D = 128
-    # and 32 (H = 3, isolated rows, a one-node graph; H = 4: heads staged
-    # in groups)
+    # and 32 (H = 3 / 4, isolated rows, a one-node graph)
     for dh, one_tf32, heads in ((128, True, 3), (32, True, 3),
                                 (128, False, 3), (32, True, 4)):
         tag = f'fp32 H={heads} D={dh} {"1xTF32" if one_tf32 else "3xTF32"}'

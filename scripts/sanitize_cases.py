@@ -54,7 +54,7 @@ CASES = [
     ('dot', torch.float32, 'tc', 'batch', 2, 64, 64, None),
     # fp32 at D = 128: K and V of a head in turn in one buffer
     ('dot', torch.float32, 'tc', 'batch', 1, 128, 128, None),
-    # heads staged in groups (bf16: 4 x 32 in one; fp32: 8 x 16 in two)
+    # more heads of small D
     ('dot', torch.bfloat16, 'tc', 'batch', 4, 32, 32, None),
     ('dot', torch.float32, 'tc', 'batch', 8, 16, 16, None),
 ]

@@ -286,9 +286,8 @@ def test_tc_fp32_backward_products(dh, one_tf32, heads):
     """The fp32 TC backward called through the ops at every D: 3xTF32
     (strategy 2) within fp32's tolerances, 1xTF32 (strategy 6, its TF32
     forward before it) within TF32's and not within fp32's (so that the
-    one product is what ran); H = 3 (heads one at a time) and 4 (staged in
-    groups where D <= 64 / 32), multi-edges, isolated rows, a graph of one
-    node, gradients poisoned first."""
+    one product is what ran); H = 3 and 4, multi-edges, isolated rows, a
+    graph of one node, gradients poisoned first."""
     cuda = _cuda()
     g = torch.Generator().manual_seed(100 + dh)
     ei, n = dense_batch([100, 1, 37, 128, 90], 20, g)
@@ -329,12 +328,11 @@ def test_tc_fp32_backward_products(dh, one_tf32, heads):
 @pytest.mark.parametrize('heads, dh', [(8, 16), (2, 64), (4, 32), (8, 32),
                                        (2, 16), (6, 32)])
 @pytest.mark.parametrize('dtype', DTYPES)
-def test_tc_heads_staged_in_groups(dtype, heads, dh):
-    """Heads whose K / V (forward; phase A) and Q / dO rows (phase B) the
-    TC kernels stage together: tc_fwd_group (128 / D, fp32 64 / D) and
-    tc_bwd_group (128 / D) heads where that divides H -- 8 x 32 in two
-    groups, 2 x 16 and 6 x 32 one head at a time in some passes; the TC
-    forward and backward against the reference and SMMF."""
+def test_tc_many_heads(dtype, heads, dh):
+    """Many heads of small D through the TC forward and backward (each
+    head's window work repeats per head: session 41's A/B staged them in
+    groups, reverted): 8 x 16, 8 x 32, 6 x 32, 2 x 16 / 64, 4 x 32 against
+    the reference and SMMF."""
     cuda = _cuda()
     g = torch.Generator().manual_seed(heads * 1000 + dh)
     ei, n = dense_batch([100, 1, 37, 128, 90], 20, g)
