@@ -10,12 +10,15 @@
 #
 # Environment: CUDA_HOME (default /usr/local/cuda), TORCH_CUDA_ARCH_LIST
 # (default 9.0), MAX_JOBS (default 2), PYTHON (interpreter for a new venv,
-# default python3), KEEP_BUILD=1 keeps the build folder for inspection.
+# default python3), KEEP_BUILD=1 keeps the build folder for inspection;
+# CUDA_TORCH_VERSION, CUDA_VENV and BUILD_DIR (a kept folder: rebuilds only
+# what changed) build for another torch (scripts/build-device-library.sh:
+# the device's).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="$ROOT/.venv-cuda"
-TORCH_CUDA_VERSION=2.14.1
+VENV="${CUDA_VENV:-$ROOT/.venv-cuda}"
+TORCH_CUDA_VERSION=${CUDA_TORCH_VERSION:-2.14.1}
 NINJA_VERSION=1.13.2
 
 export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
@@ -70,8 +73,13 @@ log "compiling ${#sources[@]} sources for TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_
     "with MAX_JOBS=$MAX_JOBS"
 
 export PYG_DFGNN_CACHE
-PYG_DFGNN_CACHE="$(mktemp -d "${TMPDIR:-/tmp}/pyg_dfgnn-ci-build.XXXXXX")"
-if [[ "${KEEP_BUILD:-0}" != 1 ]]; then
+if [[ -n "${BUILD_DIR:-}" ]]; then
+    PYG_DFGNN_CACHE="$BUILD_DIR"
+    mkdir -p "$BUILD_DIR"
+else
+    PYG_DFGNN_CACHE="$(mktemp -d "${TMPDIR:-/tmp}/pyg_dfgnn-ci-build.XXXXXX")"
+fi
+if [[ "${KEEP_BUILD:-0}" != 1 && -z "${BUILD_DIR:-}" ]]; then
     trap 'rm -rf "$PYG_DFGNN_CACHE"' EXIT
 fi
 export PATH="$VENV/bin:$PATH"  # ninja

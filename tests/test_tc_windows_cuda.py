@@ -290,9 +290,7 @@ def test_tc_fp32_backward_products(dh, one_tf32, heads):
     graph of one node, gradients poisoned first."""
     cuda = _cuda()
     g = torch.Generator().manual_seed(100 + dh)
-    ei, n = dense_batch([100, 1, 37, 128, 90], 20, g)
-    ei = ei[:, ei[1] % 7 != 3]  # isolated destinations
-    graph = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
+    graph, n = isolated_dense_batch(g)
     value, query, key = inputs(n, heads, dh, torch.float32, g, grad=False)
     scale = 1.0 / math.sqrt(dh)
     plan = cuda._plan(graph, 'dot', query, value, 'tc', backward=True)
@@ -335,14 +333,21 @@ def test_tc_many_heads(dtype, heads, dh):
     the reference and SMMF."""
     cuda = _cuda()
     g = torch.Generator().manual_seed(heads * 1000 + dh)
-    ei, n = dense_batch([100, 1, 37, 128, 90], 20, g)
-    ei = ei[:, ei[1] % 7 != 3]  # isolated destinations
-    graph = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
+    graph, n = isolated_dense_batch(g)
     value, query, key = inputs(n, heads, dh, dtype, g)
     plan = cuda._plan(graph, 'dot', query, value, 'tc', backward=True)
     assert plan[0] == 2  # the TC forward and backward
     check(cuda, graph, value, query, key, dtype,
           f'{dtype} H={heads} D={dh}')
+
+
+def isolated_dense_batch(gen):
+    """``(DFGraph on CUDA, N)``: graphs of 100, 1, 37, 128 and 90 nodes of
+    in-degree 20 (multi-edges, self-loops) with every seventh destination
+    isolated."""
+    ei, n = dense_batch([100, 1, 37, 128, 90], 20, gen)
+    ei = ei[:, ei[1] % 7 != 3]
+    return DFGraph.from_edge_index(ei.cuda(), num_nodes=n), n
 
 
 def dense_batch(sizes, degree, gen):
