@@ -75,14 +75,16 @@ def main():
     med = {n: {c: {k: statistics.median(v) for k, v in parts.items()}
                for c, parts in cases.items()} for n, cases in times.items()}
     names = [n for n, _ in variants]
-    print(f"{'case':30s} " + ' '.join(f'{n + " rows/cols/all":>24s}'
-                                      for n in names))
+    # other: what is neither forward nor a pass (the TC backward)
+    print(f"{'case':30s} " + ' '.join(
+        f'{n + " fwd/rows/cols/other/all":>38s}' for n in names))
     for case in med[names[0]]:
         cells = []
         for n in names:
             t = med[n][case]
-            cells.append(f"{t['rows']:6.3f} {t['cols']:6.3f} {t['all']:7.3f}  ")
-        print(f'{case:30s} ' + ' '.join(f'{c:>24s}' for c in cells))
+            cells.append(f"{t['fwd']:6.3f} {t['rows']:6.3f} {t['cols']:6.3f} "
+                         f"{t['other']:6.3f} {t['all']:7.3f}  ")
+        print(f'{case:30s} ' + ' '.join(f'{c:>38s}' for c in cells))
     if args.json:
         with open(args.json, 'w') as fh:
             json.dump({'variants': dict(variants), 'median_ms': med}, fh,
