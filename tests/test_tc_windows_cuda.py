@@ -196,6 +196,32 @@ def test_tc_window_of_more_rows_than_a_chunk():
           '600-row window fp32')
 
 
+@pytest.mark.parametrize('repeat_chunk', (0, 1))
+def test_tc_repeated_edges_in_one_chunk(repeat_chunk):
+    """A 256-row window (two chunks of kTcMaxRows rows) whose repeated
+    edges are all in one chunk: the bits find a repeat by atomicOr's old
+    word and only then are the chunk's edges counted (the flag stays set for
+    the chunks after, whose counts are exact as well)."""
+    cuda = _cuda()
+    g = torch.Generator().manual_seed(7 + repeat_chunk)
+    n_src, n_dst, deg = 64, 256, 8
+    src = torch.stack([torch.randperm(n_src, generator=g)[:deg]
+                       for _ in range(n_dst)])
+    dst = torch.arange(n_dst).repeat_interleave(deg)
+    # every fifth row of the chunk: its first edge twice more (3 in all)
+    rows = torch.arange(128 * repeat_chunk, 128 * (repeat_chunk + 1), 5)
+    ei = torch.cat([torch.stack([src.flatten(), dst]),
+                    torch.stack([src[rows, 0], rows]).repeat(1, 2)], dim=1)
+    graph = DFGraph.from_edge_index(ei.cuda(), size=(n_src, n_dst))
+    graph._windows[('row', cuda.TC_MAX_SOURCES, 64)] = (
+        torch.tensor([0, n_dst], device='cuda'), n_src)
+    for dtype in (torch.bfloat16, torch.float32):
+        value, _, key = inputs(n_src, 3, 32, dtype, g)
+        query = torch.randn(n_dst, 3, 32, generator=g).to('cuda', dtype)
+        check(cuda, graph, value, query.requires_grad_(), key, dtype,
+              f'repeats in chunk {repeat_chunk} {dtype}')
+
+
 def test_tc_empty_and_single_node():
     cuda = _cuda()
     g = torch.Generator().manual_seed(2)
