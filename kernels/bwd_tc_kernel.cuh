@@ -3,7 +3,9 @@
 // source range no other window shares (the host checks both), so that the
 // block owns its rows' dQ and its sources' dK, dV: no atomics, deterministic.
 // Per head, from the forward's lse (p = cnt exp(s - lse), cnt the edge
-// multiplicity as in the forward):
+// multiplicity as in the forward; the window's edges as bits, row-major for
+// A and source-major for B, tc_mask.cuh; p in base 2: ex2(s scale log2 e -
+// lse log2 e)):
 //   A. 16-row strips (a warp each): S = Q K^T, dP = dO V^T, D = rowsum(P dP),
 //      dS = P (dP - D), dQ = scale dS K;
 //   B. 16-source strips: S^T = K Q^T, dP^T = V dO^T (the same numbers, the
@@ -24,6 +26,7 @@
 
 #include "bwd_common.cuh"
 #include "mma_tiles.cuh"
+#include "tc_mask.cuh"
 
 namespace pyg_dfgnn {
 namespace bwd {
@@ -63,10 +66,11 @@ struct TcBwdArgs {
 };
 
 // Shared memory (bytes, 16-byte aligned): 2 operand slots of [128][DH +
-// pad] rows | counts [128][kTcCntStride] uint8 | lse, D fp32 [128] each |
-// block scalars.
+// pad] rows | counts [128][kTcCntStride] uint8 (repeated edges only) | lse
+// (times log2 e), D fp32 [128] each | masks [128][kTcMaskWords] uint32,
+// row- and source-major | block scalars.
 struct TcBwdLayout {
-  size_t slot, cnt, lse, d, scalars, total;
+  size_t slot, cnt, lse, d, mask, mask_t, scalars, total;
 };
 __host__ __device__ inline TcBwdLayout tc_bwd_layout(int DH, size_t elem) {
   const int pad = (int)(16 / elem);
@@ -75,7 +79,9 @@ __host__ __device__ inline TcBwdLayout tc_bwd_layout(int DH, size_t elem) {
   L.cnt = 2 * L.slot;
   L.lse = L.cnt + (size_t)kTcMax * kTcCntStride;
   L.d = L.lse + kTcMax * 4;
-  L.scalars = L.d + kTcMax * 4;
+  L.mask = L.d + kTcMax * 4;
+  L.mask_t = L.mask + kTcMax * kTcMaskWords * 4;
+  L.scalars = L.mask_t + kTcMax * kTcMaskWords * 4;
   L.total = L.scalars + 16;
   return L;
 }
@@ -100,6 +106,8 @@ __global__ void __launch_bounds__(tc_bwd_threads<T>(), tc_bwd_tf32<T>() ? 1 : 2)
   unsigned char* s_cnt = smem + L.cnt;
   float* s_lse = reinterpret_cast<float*>(smem + L.lse);
   float* s_d = reinterpret_cast<float*>(smem + L.d);
+  uint32_t* s_mask = reinterpret_cast<uint32_t*>(smem + L.mask);
+  uint32_t* s_mask_t = reinterpret_cast<uint32_t*>(smem + L.mask_t);
   int* s_lo = reinterpret_cast<int*>(smem + L.scalars);
 
   const int H = a.H, HD = H * DH;
@@ -108,7 +116,7 @@ __global__ void __launch_bounds__(tc_bwd_threads<T>(), tc_bwd_tf32<T>() ? 1 : 2)
   const int64_t r_begin = windows[blockIdx.x], r_end = windows[blockIdx.x + 1];
   const int n_rows = (int)(r_end - r_begin);
 
-  if (tid == 0) s_lo[0] = INT32_MAX, s_lo[1] = -1;
+  if (tid == 0) s_lo[0] = INT32_MAX, s_lo[1] = -1, s_lo[2] = 0;
   int src_lo = 0;
   const int n_src = block_index_span(a.col, a.rowptr[r_begin],
                                      a.rowptr[r_end], s_lo, src_lo);
@@ -126,19 +134,27 @@ __global__ void __launch_bounds__(tc_bwd_threads<T>(), tc_bwd_tf32<T>() ? 1 : 2)
                                          NS, tid);
   };
 
-  // ---- counts cnt[row][source - lo] (the first head's K, V in flight)
+  // ---- the edges as bits (the first head's K, V in flight; a repeated
+  // edge: s_lo[2] = 1)
   stage(a.k, src_lo, n_src, src_pad, 0, slot[0]);
   stage(a.v, src_lo, n_src, src_pad, 0, slot[1]);
-  uint32_t* cnt_words = reinterpret_cast<uint32_t*>(s_cnt);
-  for (int i = tid; i < kTcMax * kTcCntStride / 16; i += kThreads)
-    reinterpret_cast<uint4*>(s_cnt)[i] = make_uint4(0u, 0u, 0u, 0u);
+  for (int i = tid; i < 2 * kTcMax * kTcMaskWords; i += kThreads)
+    s_mask[i] = 0u;  // (and s_mask_t, right after it)
   __syncthreads();
-  for (int r = warp; r < n_rows; r += kWarps)
-    for (int64_t e = a.rowptr[r_begin + r] + lane;
-         e < a.rowptr[r_begin + r + 1]; e += kWarpSize) {
-      const int c = a.col[e] - src_lo;
-      atomicAdd(&cnt_words[(r * kTcCntStride + c) / 4], 1u << (8 * (c % 4)));
-    }
+  tc_window_edges<kWarps>(a.rowptr, a.col, r_begin, n_rows, warp, lane,
+                          [&](int r, int c) {
+                            c -= src_lo;
+                            const uint32_t bit = tc_mask_bit<T>(c);
+                            if (atomicOr(&s_mask[r * kTcMaskWords +
+                                                 tc_mask_word<T>(c)],
+                                         bit) &
+                                bit)
+                              s_lo[2] = 1;
+                            atomicOr(&s_mask_t[c * kTcMaskWords +
+                                               tc_mask_word<T>(r)],
+                                     tc_mask_bit<T>(r));
+                          });
+  const float scale2 = a.scale * kLog2e;
 
   // s = X N0^T and dp = Y N1^T over the used 8-tiles of n (NK rows in
   // slots 0 and 1): X, Y as row pairs (rows g, g + 8; nullptr: zeros) in
@@ -197,9 +213,23 @@ __global__ void __launch_bounds__(tc_bwd_threads<T>(), tc_bwd_tf32<T>() ? 1 : 2)
       stage(a.v, src_lo, n_src, src_pad, h, slot[1]);
     }
     for (int r = tid; r < n_rows; r += kThreads)
-      s_lse[r] = a.lse[(r_begin + r) * H + h];
+      s_lse[r] = a.lse[(r_begin + r) * H + h] * kLog2e;
     cp_async_wait_all();
-    __syncthreads();  // staged rows, counts and lse visible to every warp
+    __syncthreads();  // staged rows, bits and lse visible to every warp
+    const bool multi = s_lo[2] != 0;  // (block-uniform)
+    if (multi && h == 0) {  // a repeated edge: the window's counts
+      for (int i = tid; i < kTcMax * kTcCntStride / 16; i += kThreads)
+        reinterpret_cast<uint4*>(s_cnt)[i] = make_uint4(0u, 0u, 0u, 0u);
+      __syncthreads();
+      uint32_t* cnt_words = reinterpret_cast<uint32_t*>(s_cnt);
+      tc_window_edges<kWarps>(a.rowptr, a.col, r_begin, n_rows, warp, lane,
+                              [&](int r, int c) {
+                                c -= src_lo;
+                                atomicAdd(&cnt_words[(r * kTcCntStride + c) / 4],
+                                          1u << (8 * (c % 4)));
+                              });
+      __syncthreads();
+    }
     for (int r0 = warp * 16; r0 < n_rows; r0 += kWarps * 16) {
       const bool ok_a = r0 + g < n_rows, ok_b = r0 + g + 8 < n_rows;
       const int64_t row_a = r_begin + r0 + g, row_b = row_a + 8;
@@ -211,21 +241,33 @@ __global__ void __launch_bounds__(tc_bwd_threads<T>(), tc_bwd_tf32<T>() ? 1 : 2)
       two_products(qa, qb, oa, ob, src_tiles, s, dp);
       const float lse_a = ok_a ? s_lse[r0 + g] : 0.f;
       const float lse_b = ok_b ? s_lse[r0 + g + 8] : 0.f;
-      const unsigned char* ca = s_cnt + (r0 + g) * kTcCntStride;
-      const unsigned char* cb = ca + 8 * kTcCntStride;
+      const uint32_t wa = ok_a ? s_mask[(r0 + g) * kTcMaskWords + q4] : 0u;
+      const uint32_t wb = ok_b ? s_mask[(r0 + g + 8) * kTcMaskWords + q4] : 0u;
+#pragma unroll
+      for (int t = 0; t < kTcTiles; ++t)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          s[t][i] = tc_mask_has(i < 2 ? wa : wb, t, i)
+                        ? tc_exp2(fmaf(s[t][i], scale2,
+                                       -(i < 2 ? lse_a : lse_b)))
+                        : 0.f;
+      if (multi) {  // times the multiplicity
+        const unsigned char* ca = s_cnt + (r0 + g) * kTcCntStride;
+        const unsigned char* cb = ca + 8 * kTcCntStride;
+#pragma unroll
+        for (int t = 0; t < kTcTiles; ++t)
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            if (tc_mask_has(i < 2 ? wa : wb, t, i))
+              s[t][i] *= (float)(i < 2 ? ca : cb)[index_of(t, i)];
+      }
       float d_a = 0.f, d_b = 0.f;
 #pragma unroll
       for (int t = 0; t < kTcTiles; ++t)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const bool ok = t < src_tiles && (i < 2 ? ok_a : ok_b);
-          const unsigned c = ok ? (i < 2 ? ca : cb)[index_of(t, i)] : 0u;
-          const float p =
-              c > 0 ? (float)c * expf(s[t][i] * a.scale - (i < 2 ? lse_a : lse_b))
-                    : 0.f;
-          s[t][i] = p;
-          if (i < 2) d_a = fmaf(p, dp[t][i], d_a);
-          else d_b = fmaf(p, dp[t][i], d_b);
+          if (i < 2) d_a = fmaf(s[t][i], dp[t][i], d_a);
+          else d_b = fmaf(s[t][i], dp[t][i], d_b);
         }
 #pragma unroll
       for (int o = 1; o <= 2; o <<= 1) {
@@ -261,18 +303,21 @@ __global__ void __launch_bounds__(tc_bwd_threads<T>(), tc_bwd_tf32<T>() ? 1 : 2)
       const T* vb = ok_b ? a.v + src_b * HD + h * DH : nullptr;
       float s[kTcTiles][4], dp[kTcTiles][4];  // S^T, dP^T: rows = sources
       two_products(ka, kb, va, vb, row_tiles, s, dp);
+      const uint32_t wa =
+          ok_a ? s_mask_t[(c0 + g) * kTcMaskWords + q4] : 0u;
+      const uint32_t wb =
+          ok_b ? s_mask_t[(c0 + g + 8) * kTcMaskWords + q4] : 0u;
 #pragma unroll
       for (int t = 0; t < kTcTiles; ++t)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int r = index_of(t, i);  // window row of this column
-          const bool ok = t < row_tiles && r < n_rows && (i < 2 ? ok_a : ok_b);
-          const unsigned c =
-              ok ? s_cnt[r * kTcCntStride + c0 + g + (i < 2 ? 0 : 8)] : 0u;
-          const float p =
-              c > 0 ? (float)c * expf(s[t][i] * a.scale - s_lse[r]) : 0.f;
+          const bool has = tc_mask_has(i < 2 ? wa : wb, t, i);
+          float p = has ? tc_exp2(fmaf(s[t][i], scale2, -s_lse[r])) : 0.f;
+          if (multi && has)
+            p *= (float)s_cnt[r * kTcCntStride + c0 + g + (i < 2 ? 0 : 8)];
           s[t][i] = p;
-          dp[t][i] = c > 0 ? p * (dp[t][i] - s_d[r]) : 0.f;  // ds
+          dp[t][i] = has ? p * (dp[t][i] - s_d[r]) : 0.f;  // ds
         }
       // dV = P^T dO (dO's rows), dK = scale dS^T Q (Q's rows)
       product(s, row_tiles, slot[1], a.dv, src_a * HD + h * DH,

@@ -1,9 +1,10 @@
 // Tensor-core windows (forward; 'dot' kind, no training features): a block
 // per graph-aligned row window whose sources span at most
 // kTcMaxSrc nodes (DFGraph.row_windows(kTcMaxSrc)). The window's adjacency
-// becomes a dense [rows][kTcMaxSrc] count matrix in shared memory (edge
-// multiplicities, so multigraphs stay exact); per head, the sources' K and V
-// rows are staged once (cp.async, in flight while the counts are formed),
+// becomes bits in the accumulator layout (tc_mask.cuh; a count matrix of
+// edge multiplicities only where an edge repeats, so multigraphs stay
+// exact); per head, the sources' K and V rows are staged once (cp.async,
+// in flight while the bits are formed),
 // and each warp takes 16 rows:
 //   S = scale * Q K^T          fp16 / bf16: mma.m16n8k16; fp32: 3xTF32
 //                              (three mma.m16n8k8 per product on the hi / lo
@@ -12,7 +13,8 @@
 //                              permuted within 8-tiles, tc_staged_row), fp32
 //                              accumulators; Q fragments read from global
 //                              memory once per head
-//   p = cnt * exp(S - max)     in registers, masked where cnt == 0
+//   p = cnt * exp(S - max)     in registers, masked by the bits; in base 2
+//                              (S times scale log2 e, ex2)
 //   O = P V / sum(p)           P's A fragments are S's accumulators (fp16 /
 //                              bf16: P packed to the input type, V's B
 //                              fragments by ldmatrix.trans; fp32: split to
@@ -34,6 +36,7 @@
 #include "fwd_common.cuh"
 #include "mma_tiles.cuh"
 #include "row_tiles.cuh"
+#include "tc_mask.cuh"
 
 namespace pyg_dfgnn {
 namespace fwd {
@@ -69,9 +72,10 @@ __host__ __device__ constexpr bool tc_share_kv(int DH, int elem) {
 // Shared memory of a TC block (byte offsets, 16-byte aligned): K rows of
 // the head [kTcMaxSrc][tc_k_stride] T | V rows of the head
 // [kTcMaxSrc][tc_v_stride] T (tc_share_kv: at K's offset) | counts
-// [kTcMaxRows][kTcCntStride] uint8 | block scalars.
+// [kTcMaxRows][kTcCntStride] uint8 (repeated edges only) | mask
+// [kTcMaxRows][kTcMaskWords] uint32 | block scalars.
 struct TcLayout {
-  size_t v, cnt, scalars, total;
+  size_t v, cnt, mask, scalars, total;
 };
 __host__ __device__ inline TcLayout tc_layout(int DH, size_t elem) {
   const size_t k_bytes =
@@ -81,7 +85,8 @@ __host__ __device__ inline TcLayout tc_layout(int DH, size_t elem) {
   TcLayout L;
   L.v = tc_share_kv(DH, (int)elem) ? 0 : align16(k_bytes);
   L.cnt = align16(L.v + v_bytes > k_bytes ? L.v + v_bytes : k_bytes);
-  L.scalars = L.cnt + (size_t)kTcMaxRows * kTcCntStride;
+  L.mask = L.cnt + (size_t)kTcMaxRows * kTcCntStride;
+  L.scalars = L.mask + (size_t)kTcMaxRows * kTcMaskWords * 4;
   L.total = L.scalars + 16;
   return L;
 }
@@ -110,6 +115,7 @@ __global__ void __launch_bounds__(kTcThreads, kTcMinBlocks)
   T* s_k = reinterpret_cast<T*>(smem);
   T* s_v = reinterpret_cast<T*>(smem + L.v);
   unsigned char* s_cnt = smem + L.cnt;
+  uint32_t* s_mask = reinterpret_cast<uint32_t*>(smem + L.mask);
   int* s_lo = reinterpret_cast<int*>(smem + L.scalars);
 
   const int H = a.H, HD = H * DH;
@@ -143,24 +149,21 @@ __global__ void __launch_bounds__(kTcThreads, kTcMinBlocks)
   for (int64_t c_begin = w_begin; c_begin < w_end; c_begin += kTcMaxRows) {
     const int n_rows =
         (int)(w_end - c_begin < kTcMaxRows ? w_end - c_begin : kTcMaxRows);
-    __syncthreads();  // the previous chunk is done with s_k, s_v, s_cnt
-    stage_k(0);       // in flight under the counts
+    __syncthreads();  // the previous chunk is done with the shared memory
+    stage_k(0);       // in flight under the bits
     if constexpr (!kShareKV) stage_v(0);
-    // ---- counts of the chunk's edges: cnt[row][source - lo]
-    uint32_t* cnt_words = reinterpret_cast<uint32_t*>(s_cnt);
-    for (int i = tid; i < kTcMaxRows * kTcCntStride / 16; i += kTcThreads)
-      reinterpret_cast<uint4*>(s_cnt)[i] = make_uint4(0u, 0u, 0u, 0u);
+    // ---- the chunk's edges as bits (a repeated edge: s_lo[2] = 1)
+    for (int i = tid; i < kTcMaxRows * kTcMaskWords; i += kTcThreads)
+      s_mask[i] = 0u;
     __syncthreads();
-    for (int r = warp; r < n_rows; r += kTcWarps) {
-      const int64_t row = c_begin + r;
-      for (int64_t e = a.rowptr[row] + lane; e < a.rowptr[row + 1];
-           e += kWarpSize) {
-        const int c = a.col[e] - src_lo;
-        const unsigned old = atomicAdd(&cnt_words[(r * kTcCntStride + c) / 4],
-                                       1u << (8 * (c % 4)));
-        if ((old >> (8 * (c % 4))) & 255u) s_lo[2] = 1;  // a repeated edge
-      }
-    }
+    tc_window_edges<kTcWarps>(
+        a.rowptr, a.col, c_begin, n_rows, warp, lane, [&](int r, int c) {
+          c -= src_lo;
+          const uint32_t bit = tc_mask_bit<T>(c);
+          if (atomicOr(&s_mask[r * kTcMaskWords + tc_mask_word<T>(c)], bit) &
+              bit)
+            s_lo[2] = 1;
+        });
 
     for (int h = 0; h < H; ++h) {
       if (h > 0) {
@@ -169,8 +172,21 @@ __global__ void __launch_bounds__(kTcThreads, kTcMinBlocks)
         if constexpr (!kShareKV) stage_v(h);
       }
       cp_async_wait_all();
-      __syncthreads();  // staged rows and counts visible to every warp
+      __syncthreads();  // staged rows and bits visible to every warp
       const bool multi = s_lo[2] != 0;  // (block-uniform)
+      if (multi && h == 0) {  // a repeated edge: the chunk's counts
+        for (int i = tid; i < kTcMaxRows * kTcCntStride / 16; i += kTcThreads)
+          reinterpret_cast<uint4*>(s_cnt)[i] = make_uint4(0u, 0u, 0u, 0u);
+        __syncthreads();
+        uint32_t* cnt_words = reinterpret_cast<uint32_t*>(s_cnt);
+        tc_window_edges<kTcWarps>(
+            a.rowptr, a.col, c_begin, n_rows, warp, lane, [&](int r, int c) {
+              c -= src_lo;
+              atomicAdd(&cnt_words[(r * kTcCntStride + c) / 4],
+                        1u << (8 * (c % 4)));
+            });
+        __syncthreads();
+      }
 
       const int r0 = warp * 16;  // this warp's 16 rows (warp-uniform)
       const bool active = r0 < n_rows;  // (kShareKV: barriers below)
@@ -203,35 +219,32 @@ __global__ void __launch_bounds__(kTcThreads, kTcMinBlocks)
             mma_nk_pairs<T>(s, fq.hi, n_tiles8, s_k, KS, k0, lane);
           }
         }
-        // ---- mask, row max (rows g and g + 8: a quad holds a row)
+        // ---- mask, row max (rows g and g + 8: a quad holds a row), in
+        // base 2: s scale log2(e)
+        const float scale2 = a.scale * kLog2e;
+        const uint32_t wa =
+            ok_a ? s_mask[(r0 + g) * kTcMaskWords + q4] : 0u;
+        const uint32_t wb =
+            ok_b ? s_mask[(r0 + g + 8) * kTcMaskWords + q4] : 0u;
+        // a repeated edge (multi): cnt 2^(s - m) = 2^(s + log2 cnt - m)
+        // (the max and lse move with it; softmax and lse stay those of
+        // the counts)
         const unsigned char* ca = s_cnt + (r0 + g) * kTcCntStride;
         const unsigned char* cb = ca + 8 * kTcCntStride;
 #pragma unroll
         for (int t = 0; t < kTcSrcTiles; ++t) {
-          unsigned cnt[4] = {0u, 0u, 0u, 0u};
-          if (t < n_tiles8) {
-            if constexpr (kTf32) {
-#pragma unroll
-              for (int i = 0; i < 4; ++i)
-                cnt[i] = (i < 2 ? ca : cb)[t * 8 + M::column(q4, i)];
-            } else {  // columns 2 q4, + 1: one 2-byte read per row
-              const unsigned wa = *reinterpret_cast<const uint16_t*>(
-                  ca + t * 8 + 2 * q4);
-              const unsigned wb = *reinterpret_cast<const uint16_t*>(
-                  cb + t * 8 + 2 * q4);
-              cnt[0] = wa & 255u, cnt[1] = wa >> 8;
-              cnt[2] = wb & 255u, cnt[3] = wb >> 8;
-            }
-          }
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
-            if (!(i < 2 ? ok_a : ok_b)) cnt[i] = 0u;
-            s[t][i] = cnt[i] > 0 ? s[t][i] * a.scale : -INFINITY;
-            // a repeated edge: cnt exp(s - m) = exp(s + log cnt - m) (the
-            // max and lse move with it; softmax and lse stay those of the
-            // counts)
-            if (multi && cnt[i] > 1u) s[t][i] += logf((float)cnt[i]);
+            const bool has = tc_mask_has(i < 2 ? wa : wb, t, i);
+            s[t][i] = has ? s[t][i] * scale2 : -INFINITY;
+            if (multi && has) {
+              const unsigned c = (i < 2 ? ca : cb)[t * 8 + M::column(q4, i)];
+              if (c > 1u) s[t][i] += log2f((float)c);
+            }
           }
+        }
+#pragma unroll
+        for (int t = 0; t < kTcSrcTiles; ++t) {
           m_a = fmaxf(m_a, fmaxf(s[t][0], s[t][1]));
           m_b = fmaxf(m_b, fmaxf(s[t][2], s[t][3]));
         }
@@ -240,14 +253,15 @@ __global__ void __launch_bounds__(kTcThreads, kTcMinBlocks)
           m_a = fmaxf(m_a, __shfl_xor_sync(kFullMask, m_a, o));
           m_b = fmaxf(m_b, __shfl_xor_sync(kFullMask, m_b, o));
         }
-        // ---- p = exp(s - m) (0 where masked; empty rows: all 0)
+        // ---- p = 2^(s - m) (ex2(-inf) = 0 where masked; an empty row's m
+        // is taken as 0 so that its p stay 0)
+        const float mz_a = m_a != -INFINITY ? m_a : 0.f;
+        const float mz_b = m_b != -INFINITY ? m_b : 0.f;
 #pragma unroll
         for (int t = 0; t < kTcSrcTiles; ++t) {
 #pragma unroll
           for (int i = 0; i < 4; ++i)
-            s[t][i] = s[t][i] != -INFINITY
-                          ? expf(s[t][i] - (i < 2 ? m_a : m_b))
-                          : 0.f;
+            s[t][i] = tc_exp2(s[t][i] - (i < 2 ? mz_a : mz_b));
           l_a += s[t][0] + s[t][1];
           l_b += s[t][2] + s[t][3];
         }
@@ -276,12 +290,13 @@ __global__ void __launch_bounds__(kTcThreads, kTcMinBlocks)
       product_rows_store<T, kTcSrcTiles, kOutTiles, kOneTf32>(
           s, n_tiles8, s_v, VS, lane, store);
       if (q4 == 0) {
+        // (natural log, as SMMF's: m ln 2 + log l)
         if (ok_a)
           a.lse[row_a * H + h] =
-              m_a != -INFINITY ? m_a + logf(l_a + 1e-16f) : -INFINITY;
+              m_a != -INFINITY ? m_a * kLn2 + logf(l_a + 1e-16f) : -INFINITY;
         if (ok_b)
           a.lse[row_b * H + h] =
-              m_b != -INFINITY ? m_b + logf(l_b + 1e-16f) : -INFINITY;
+              m_b != -INFINITY ? m_b * kLn2 + logf(l_b + 1e-16f) : -INFINITY;
       }
     }
   }
