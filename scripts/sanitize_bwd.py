@@ -90,13 +90,15 @@ def tc_cases() -> int:
     bad = 0
     for i, (strategy, dtype, heads, dh, sizes) in enumerate(TC_CASES):
         g = torch.Generator().manual_seed(i)
-        ei, n = tt.dense_batch(sizes, cuda.TC_BWD_MIN_MEAN_DEGREE[dh] + 2, g)
+        ei, n = tt.dense_batch(
+            sizes, tt.rule_degree(cuda, cuda.TC_BWD_MIN_EDGES, dh, sizes) + 2,
+            g)
         graph = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
         tag = f'{strategy} {dtype} H={heads} D={dh}'
         # (no strategy: only the backward pays -> strategy 4)
-        raised = {dh: 1 << 20} if strategy is None else {}
+        raised = {dh: (1 << 20, 0)} if strategy is None else {}
         try:
-            with mock.patch.dict(cuda.TC_FWD_MIN_MEAN_DEGREE, raised):
+            with mock.patch.dict(cuda.TC_FWD_MIN_EDGES, raised):
                 tt.check(cuda, graph, *tt.inputs(n, heads, dh, dtype, g),
                          dtype, tag, strategy=strategy)
             print('ok ', 'tc-bwd', tag, flush=True)

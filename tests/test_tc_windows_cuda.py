@@ -126,9 +126,10 @@ def test_tc_fp32_one_tf32_product_under_allow_tf32(dh):
     cuda = _cuda()
     g = torch.Generator().manual_seed(5)
     # (dense enough for 3xTF32's forward and 1xTF32's backward)
-    ei, n = dense_batch([100, 37, 128, 1, 90],
-                        max(cuda.TC_FWD_MIN_MEAN_DEGREE_FP32[dh],
-                            cuda.TC_TF32_BWD_MIN_MEAN_DEGREE[dh]), g)
+    sizes = [100, 37, 128, 1, 90]
+    degree = max(rule_degree(cuda, cuda.TC_FWD_MIN_EDGES_FP32, dh, sizes),
+                 rule_degree(cuda, cuda.TC_TF32_BWD_MIN_EDGES, dh, sizes))
+    ei, n = dense_batch(sizes, degree, g)
     graph = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
     value, query, key = inputs(n, 128 // dh, dh, torch.float32, g)
     scale = 1.0 / math.sqrt(dh)
@@ -163,8 +164,11 @@ def test_tc_fp32_one_tf32_product_under_allow_tf32(dh):
         torch.backends.cuda.matmul.allow_tf32 = before
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
+        # (3xTF32's TC backward from a higher degree)
+        bwd_3x = degree >= rule_degree(cuda, cuda.TC_BWD_MIN_EDGES_FP32, dh,
+                                       sizes)
         assert cuda._plan(graph, 'dot', query, value, None,
-                          backward=True)[0] == 3
+                          backward=True)[0] == (2 if bwd_3x else 3)
         out = cuda.fused_attention_cuda(graph, 'dot', value, query, key,
                                         None, scale, 0.2, strategy='tc')
         assert rel_err(out, ref) <= TOL_OUT[torch.float32]
@@ -286,8 +290,8 @@ def test_tc_errors():
 @pytest.mark.parametrize('dtype', DTYPES)
 def test_tc_backward_windows(dtype, dh):
     """Windows of <= 128 rows with their own sources: the backward takes
-    the tensor-core windows too (strategy 2), fp32 up to D = 64; above, the
-    rows / cols passes after the TC forward (strategy 3)."""
+    the tensor-core windows too (strategy 2; fp32 at D = 128 as well since
+    session 42)."""
     cuda = _cuda()
     g = torch.Generator().manual_seed(dh)
     sizes, eis, off = [100, 100, 90, 1, 100, 128], [], 0
@@ -300,8 +304,7 @@ def test_tc_backward_windows(dtype, dh):
     graph = DFGraph.from_edge_index(torch.cat(eis, 1).cuda(), num_nodes=off)
     q, k, v = inputs(off, 2, dh, dtype, g)
     plan = cuda._plan(graph, 'dot', q, v, 'tc', backward=True)
-    tc_bwd = dh <= 64 or dtype != torch.float32
-    assert plan[0] == (2 if tc_bwd else 3)
+    assert plan[0] == 2
     check(cuda, graph, v, q, k, dtype, f'{dtype} D={dh} sid={plan[0]}')
 
 
@@ -388,19 +391,32 @@ def dense_batch(sizes, degree, gen):
     return torch.cat(eis, 1), off
 
 
+def rule_degree(cuda, table, dh, sizes):
+    """The smallest whole in-degree of dense_batch(sizes, .) from which the
+    tensor-core rule table[dh] (ops/cuda.py: edges against rows and
+    windows) is met: its windows' rows decide (tc_rule_degree)."""
+    ei, n = dense_batch(sizes, 8, torch.Generator().manual_seed(0))
+    windows, _ = DFGraph.from_edge_index(ei, num_nodes=n).graph_row_windows(
+        cuda.TC_MAX_SOURCES)
+    return math.ceil(cuda.tc_rule_degree(table[dh],
+                                         n / (windows.numel() - 1)))
+
+
 @pytest.mark.parametrize('dtype', (torch.float16, torch.bfloat16))
 def test_smmf_forward_tc_backward_is_picked_and_matches(dtype, monkeypatch):
     """Without a strategy, a dense fp16 / bf16 'dot' batch where only the
     backward's tensor-core windows pay runs SMMF forward and the TC
-    backward (strategy 4; no D has such a band with session 40's
-    thresholds, so the forward's is raised here), with the reference's
-    outputs and gradients; sparse graphs, fp32, other kinds and training
-    features keep strategy 0."""
+    backward (strategy 4; the forward's rule is raised here so that the
+    band is wide), with the reference's outputs and gradients; sparse
+    graphs, fp32 below its rules, other kinds and training features keep
+    strategy 0."""
     cuda = _cuda()
-    monkeypatch.setitem(cuda.TC_FWD_MIN_MEAN_DEGREE, 16, 1 << 20)
+    monkeypatch.setitem(cuda.TC_FWD_MIN_EDGES, 16, (1 << 20, 0))
     g = torch.Generator().manual_seed(7)
-    degree = cuda.TC_BWD_MIN_MEAN_DEGREE[16] + 2
-    ei, n = dense_batch([100, 37, 128, 1, 90], degree, g)
+    sizes = [100, 37, 128, 1, 90]
+    degree = rule_degree(cuda, cuda.TC_BWD_MIN_EDGES, 16, sizes) + 2
+    assert degree < rule_degree(cuda, cuda.TC_FWD_MIN_EDGES_FP32, 16, sizes)
+    ei, n = dense_batch(sizes, degree, g)
     graph = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
     q, k, v = inputs(n, 8, 16, dtype, g)
     assert cuda._plan(graph, 'dot', q, v, None, backward=True)[0] == 4
@@ -422,22 +438,24 @@ def test_smmf_forward_tc_backward_is_picked_and_matches(dtype, monkeypatch):
 @pytest.mark.parametrize('dh', (32, 128))
 def test_tc_forward_is_picked_where_dense_and_matches(dtype, dh):
     """Without a strategy, a fp16 / bf16 'dot' batch dense enough for both
-    TC passes (TC_FWD_MIN_MEAN_DEGREE[D], TC_BWD_MIN_MEAN_DEGREE[D]) runs
-    the TC forward too (strategy 2; 3 without a backward), a fp32 one from
-    TC_FWD_MIN_MEAN_DEGREE_FP32[D] the TC forward with the rows / cols
-    passes after it (3 either way); one below that keeps what still pays:
-    in half precision the TC forward with the passes after it (3). Outputs
-    and gradients against the reference on both graphs
-    (ops/cuda.py::_tc_auto_plan)."""
+    TC passes (TC_FWD_MIN_EDGES[D], TC_BWD_MIN_EDGES[D]) runs the TC
+    forward too (strategy 2; 3 without a backward), a fp32 one from
+    TC_FWD_MIN_EDGES_FP32[D] the TC forward with the rows / cols passes
+    after it (3 either way: 3xTF32's TC backward needs a higher degree);
+    one below that keeps what still pays. Outputs and gradients against
+    the reference on both graphs (ops/cuda.py::_tc_auto_plan)."""
     cuda = _cuda()
     g = torch.Generator().manual_seed(11)
     fp32 = dtype == torch.float32
-    t_fwd = (cuda.TC_FWD_MIN_MEAN_DEGREE_FP32 if fp32 else
-             cuda.TC_FWD_MIN_MEAN_DEGREE)[dh]
-    t_bwd = 1 << 30 if fp32 else cuda.TC_BWD_MIN_MEAN_DEGREE[dh]
+    sizes = [100, 37, 128, 1, 90]
+    t_fwd = rule_degree(cuda, cuda.TC_FWD_MIN_EDGES_FP32 if fp32 else
+                        cuda.TC_FWD_MIN_EDGES, dh, sizes)
+    t_bwd = rule_degree(cuda, cuda.TC_BWD_MIN_EDGES_FP32 if fp32 else
+                        cuda.TC_BWD_MIN_EDGES, dh, sizes)
     need = t_fwd if fp32 else max(t_fwd, t_bwd)
+    assert not fp32 or t_fwd < t_bwd
     heads = 128 // dh
-    ei, n = dense_batch([100, 37, 128, 1, 90], need, g)
+    ei, n = dense_batch(sizes, need, g)
     graph = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
     q, k, v = inputs(n, heads, dh, dtype, g)
     assert cuda._plan(graph, 'dot', q, v, None, backward=True)[0] == (
@@ -450,15 +468,15 @@ def test_tc_forward_is_picked_where_dense_and_matches(dtype, dh):
     ei, n = dense_batch([100, 37, 128, 1, 90], need - 1, g)
     thinner = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
     q, k, v = inputs(n, heads, dh, dtype, g)
-    fwd_pays, bwd_pays = need - 1 >= t_fwd, need - 1 >= t_bwd
+    fwd_pays = need - 1 >= t_fwd
+    # (fp32's TC backward only behind its TC forward)
+    bwd_pays = need - 1 >= t_bwd and (fwd_pays or not fp32)
     with_bwd = (2 if fwd_pays and bwd_pays else 3 if fwd_pays else
                 4 if bwd_pays else 0)
     assert cuda._plan(thinner, 'dot', q, v, None, backward=True)[0] == \
         with_bwd
     assert cuda._plan(thinner, 'dot', q, v, None, backward=False)[0] == (
         3 if fwd_pays else 0)
-    if not fp32:  # (these thresholds: the TC forward, the passes after it)
-        assert with_bwd == 3
     check(cuda, thinner, v, q, k, dtype, f'{dtype} D={dh} auto, thinner',
           strategy=None)
 
@@ -470,7 +488,7 @@ def test_tc_plan_without_a_sync():
     cuda = _cuda()
     g = torch.Generator().manual_seed(8)
     sizes = [100, 120, 64]
-    degree = cuda.TC_BWD_MIN_MEAN_DEGREE[64]
+    degree = rule_degree(cuda, cuda.TC_BWD_MIN_EDGES, 64, sizes)
     ei, n = dense_batch(sizes, degree, g)
     base = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
     bounds = torch.tensor([0, 100, 220, 284], device='cuda')
@@ -487,7 +505,7 @@ def test_tc_plan_without_a_sync():
     finally:
         torch.cuda.set_sync_debug_mode(0)
     # (D = 64: the TC forward pays below the backward's degree)
-    assert cuda.TC_FWD_MIN_MEAN_DEGREE[64] <= degree
+    assert rule_degree(cuda, cuda.TC_FWD_MIN_EDGES, 64, sizes) <= degree
     assert plan[0] == 2 and plan[2] is bounds
     assert fwd_plan[0] == 3 and fwd_plan[2] is bounds
     check(cuda, graph, v, q, k, torch.bfloat16, 'device batch, strategy 2',

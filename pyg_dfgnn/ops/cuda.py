@@ -18,6 +18,7 @@ generator; the forward returns its ``(seed, offset)``, the backward
 regenerates the mask) and the attention weights, written by the forward only
 when asked, in the user's edge order.
 """
+import math
 from typing import Optional, Tuple
 
 import torch
@@ -30,59 +31,74 @@ KIND_IDS = {'dot': 0, 'add': 1, 'gatv2': 2}
 #: Tensor-core windows (kernels/fwd_tc_kernel.cuh, bwd_tc_kernel.cuh) of at
 #: most TC_MAX_SOURCES sources. Strategy ids: 3 = TC forward, 2 = TC forward
 #: and backward, 4 = SMMF forward and TC backward; asked for as 'tc' (3 / 2)
-#: or picked for dense graphs without being asked (_tc_auto_plan; fp32: the
-#: forward only).
+#: or picked for dense graphs without being asked (_tc_auto_plan).
 TC = 'tc'
 #: Strategy id of the TC forward with 1xTF32 products (fp32, opt-in through
 #: ``torch.backends.cuda.matmul.allow_tf32``; 3 otherwise); the rows / cols
 #: passes after it, as after 3.
 TC_TF32_STRATEGY = 5
 #: Both TC passes with 1xTF32 products (fp32 under the same flag; 2
-#: otherwise). Unlike 3xTF32's backward (slower than the rows / cols passes,
-#: so fp32 takes it only when asked), it pays on dense batches: H100,
-#: session 39, forward + backward ops 0.87 against 1.21 ms (1xTF32 forward,
-#: rows / cols passes) on pattern-like 1x128, 0.86 / 1.03 on cluster-like.
+#: otherwise). It pays from lower degrees than 3xTF32's backward: H100,
+#: session 42, forward + backward ops 0.73 against 1.00 ms (1xTF32 forward,
+#: rows / cols passes) on pattern-like 1x128, 0.72 / 0.83 on cluster-like.
 TC_TF32_BWD_STRATEGY = 6
 TC_MAX_SOURCES = 128
 TC_HEAD_DIMS = (16, 32, 64, 128)
 #: Edge multiplicities of a window are counted in a byte.
 TC_MAX_DEGREE = 255
-#: Mean in-degree (edges / destination rows) from which the tensor-core
-#: windows pay without being asked for, per head size D, measured against
-#: the short-owner / block kernels of session 40 (short owners at any mean
-#: degree up to a longest owner of 64: the SMMF forward and, more, the rows
-#: / cols passes got faster, so every crossover moved). H100, session 40,
-#: scripts/fwd_bench.py, forward and forward + backward ops on batches of
-#: 1,024 graphs of 117 nodes at mean in-degree 11.5-32.6 and cluster- /
-#: pattern-like (31.8 / 41.6); benchmarks/NOTES.md has the table.
+#: When the tensor-core windows pay without being asked for, per head size
+#: D: rules ``(per_row, per_window)``, met by a graph of at least
+#: ``per_row * rows + per_window * windows`` edges (its TC_MAX_SOURCES row
+#: windows, DFGraph.graph_row_windows). A TC window costs about the same
+#: whatever its edges, the SMMF / rows-cols kernels cost per edge, so the
+#: mean in-degree from which TC pays, ``per_row + per_window / (rows per
+#: window)`` (tc_rule_degree), grows as windows get smaller. Fitted to the
+#: crossovers of session 42's kernels (the window as bits; H100,
+#: scripts/fwd_bench.py, forward and forward + backward ops) on batches of
+#: 1,024 graphs of 117 nodes at mean in-degree 3.9-25 and on windows of 64
+#: rows (graphs of 32 and 64 nodes); benchmarks/NOTES.md has the tables.
 #:
-#: fp16 / bf16 forward: the TC forward's time is flat in the degree (~0.13
-#: / 0.15 / 0.20 / 0.32 ms at D = 128 / 64 / 32 / 16 on the batches), SMMF's
-#: grows ~0.009 ms per unit of mean degree: even near 12 / 15 / 20 / 35.
-TC_FWD_MIN_MEAN_DEGREE = {16: 35, 32: 20, 64: 15, 128: 12}
-#: fp16 / bf16 backward: the TC backward (~0.45 / 0.44 / 0.59 / 0.93 ms)
-#: against the rows / cols passes (0.37 -> 0.50 ms from mean 15 to 22 at
-#: 1x128): even near 20 / 17 / 24 / 38. Strategy 2 where both pay, the TC
-#: forward with the passes after it (3) where only the forward does; no D
-#: has the backward's threshold below the forward's any more, so the SMMF
-#: forward + TC backward (4, session 9's pick at D = 16 from 24) is not
-#: picked: on cluster-like 8x16 it took 1.23 against SMMF's 1.12 ms.
-TC_BWD_MIN_MEAN_DEGREE = {16: 38, 32: 24, 64: 17, 128: 20}
-#: fp32 (3xTF32 products, the rows / cols passes after it; fp32 takes no TC
-#: backward unasked: its 3xTF32 backward is slower than the passes). The TC
-#: forward's ~0.27 / 0.30 / 0.33 ms at D = 128 / 64 / 32 against SMMF's
-#: forward + the passes: forward + backward even near 24-25 / 26-28 / 32
-#: (pattern-like 1x128 1.12 against 1.25 ms, cluster-like 0.93 / 0.98).
-TC_FWD_MIN_MEAN_DEGREE_FP32 = {16: 64, 32: 32, 64: 28, 128: 26}
+#: fp16 / bf16 forward (TC forward, the rows / cols passes after it,
+#: against SMMF): the TC forward is flat in the degree (~0.09 / 0.09 / 0.11
+#: / 0.16 ms at D = 128 / 64 / 32 / 16 on 117-row windows, 0.06 / - / 0.08 /
+#: 0.12 on 64-row ones): even near 5.9 / 5.9 / 8.3 / 15 on 117 rows, 7.4 /
+#: - / 12 / 19 on 64.
+TC_FWD_MIN_EDGES = {16: (10, 560), 32: (4, 510), 64: (4, 210),
+                    128: (4, 210)}
+#: fp16 / bf16 backward (both TC passes against the TC forward with the
+#: rows / cols passes after it): even near 10 / 8.4 / 10.8 / 15 on 117
+#: rows, 11 / - / 10.8 / 14.3 on 64. Strategy 2 where both pay, 3 where the
+#: forward alone does, SMMF forward + TC backward (4) where the backward
+#: alone does (D = 16 on windows of fewer than ~100 rows).
+TC_BWD_MIN_EDGES = {16: (15, 0), 32: (11, 0), 64: (7, 155), 128: (8.7, 155)}
+#: fp32, 3xTF32 products: the TC forward with the rows / cols passes after
+#: it against SMMF, even near 20 / 17.5 / 21 / 22 (D = 128 / 64 / 32 / 16,
+#: 117 rows; 64-row windows about the same at D >= 32); the 3xTF32 TC
+#: backward behind it (since session 42 cheaper than the passes on the
+#: densest batches: pattern-like 1x128 forward + backward ops 1.008 against
+#: 1.076 ms) even near 37 / 40 / 36 / 36 on 117 rows, ~48 on 64.
+TC_FWD_MIN_EDGES_FP32 = {16: (17, 560), 32: (21, 0), 64: (18, 0),
+                         128: (20, 0)}
+TC_BWD_MIN_EDGES_FP32 = {16: (23, 1550), 32: (22, 1610), 64: (27, 1550),
+                         128: (24, 1550)}
 #: The same for fp32 with 1xTF32 products (opt-in, allow_tf32): the TC
-#: forward (1xTF32, the rows / cols passes after it) against SMMF, even
-#: near 18.5 / 20 / 26 (D = 128 / 64 / 32), and the TC backward behind it
-#: against the passes: the pair costs ~0.85 / 0.97 / 1.21 ms whatever the
-#: degree, even near 31 / 33 / 37 (cluster-like 1x128 0.86 against 0.87,
-#: pattern-like 0.87 against 1.06). D = 16 unmeasured: 3xTF32's forward
-#: threshold, no TC backward.
-TC_TF32_FWD_MIN_MEAN_DEGREE = {16: 64, 32: 26, 64: 20, 128: 19}
-TC_TF32_BWD_MIN_MEAN_DEGREE = {32: 37, 64: 33, 128: 31}
+#: forward against SMMF even near 12 / 12 / 12.6 / 17.5 on 117 rows, ~15.5
+#: on 64; the TC backward behind it even near 24 / 24 / 24 / 26 on 117
+#: rows, ~32-34 on 64.
+TC_TF32_FWD_MIN_EDGES = {16: (13, 490), 32: (8.5, 480), 64: (8, 490),
+                         128: (8, 490)}
+TC_TF32_BWD_MIN_EDGES = {16: (15, 1300), 32: (11, 1480), 64: (12.5, 1300),
+                         128: (14.5, 1130)}
+
+
+def tc_rule_degree(rule: Tuple[float, float], rows_per_window: float
+                   ) -> float:
+    """The mean in-degree from which a tensor-core rule ``(per_row,
+    per_window)`` is met on windows of ``rows_per_window`` rows."""
+    per_row, per_window = rule
+    return per_row + per_window / rows_per_window
+
+
 _TC_HALF_DTYPES = (torch.float16, torch.bfloat16)
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _registered = False
@@ -244,16 +260,14 @@ def _col_stage_capacity(kind: str, query: Tensor, value: Tensor) -> int:
 
 
 def _tc_backward_ok(graph, windows: Tensor, kind: str, query: Tensor,
-                    value: Tensor, one_tf32: bool = False) -> bool:
+                    value: Tensor) -> bool:
     """Whether the backward can take the tensor-core windows too
     (kernels/bwd_tc_kernel.cuh): every window of at most TC_MAX_SOURCES
     rows, no source shared by two windows (a block owns its sources' dK,
-    dV), D = F <= 128 (fp32's 3xTF32: <= 64, slower than the rows / cols
-    passes at 128; 1xTF32 (``one_tf32``): 128 too). One host sync, cached
-    with the plan."""
-    if not _tc_takes(kind, query, value) or graph.max_in_degree > \
-            TC_MAX_DEGREE or (value.shape[2] == 128 and not one_tf32 and
-                              value.dtype == torch.float32):
+    dV), D = F <= 128 (fp32 in 3xTF32 or, ``one_tf32``, 1xTF32 products).
+    One host sync, cached with the plan."""
+    if not _tc_takes(kind, query, value) or \
+            graph.max_in_degree > TC_MAX_DEGREE:
         return False
     if graph.graph_windows is not None and windows is graph.graph_windows[0]:
         # graph boundaries of a square batch (row_windows gave them, so
@@ -328,9 +342,9 @@ Plan = Tuple[int, int, Optional[Tensor], int, Optional[Tensor], int, int]
 
 
 def _tc_dense(graph, kind: str, query: Tensor, value: Tensor,
-              min_mean_degree: int) -> bool:
-    """Whether the tensor-core windows pay without being asked for: 'dot'
-    with D = F the TC kernels take, mean in-degree at least
+              min_mean_degree: float) -> bool:
+    """Whether the tensor-core windows may pay without being asked for:
+    'dot' with D = F the TC kernels take, mean in-degree at least
     ``min_mean_degree``, multiplicities within a byte. Shapes and host-known
     bounds only (no sync)."""
     return (_tc_takes(kind, query, value) and graph.num_dst > 0
@@ -345,34 +359,42 @@ def _tc_auto_plan(graph, kind: str, query: Tensor, value: Tensor,
     for a dense graph asked for no strategy: TC forward (3, the rows / cols
     passes after it; 2 with the TC backward), or SMMF forward on the TC
     windows and TC backward (4) where only the backward pays; ``None``:
-    SMMF / PMF. fp16 / bf16 from TC_FWD_MIN_MEAN_DEGREE and
-    TC_BWD_MIN_MEAN_DEGREE; fp32 the TC forward
-    (TC_FWD_MIN_MEAN_DEGREE_FP32) with the rows / cols passes after it, or
-    under ``one_tf32`` (1xTF32 products) from
-    TC_TF32_FWD_MIN_MEAN_DEGREE, with the TC backward behind it from
-    TC_TF32_BWD_MIN_MEAN_DEGREE (the caller maps 3 / 2 to their 1xTF32
-    ids)."""
+    SMMF / PMF. The rules (per head size D, edges against rows and windows:
+    tc_rule_degree): fp16 / bf16 TC_FWD_MIN_EDGES, TC_BWD_MIN_EDGES; fp32
+    (3xTF32) TC_FWD_MIN_EDGES_FP32 with the TC backward behind the TC
+    forward from TC_BWD_MIN_EDGES_FP32; under ``one_tf32`` (1xTF32
+    products) TC_TF32_FWD_MIN_EDGES and TC_TF32_BWD_MIN_EDGES, the backward
+    behind the forward too (the caller maps 3 / 2 to their 1xTF32 ids).
+    The windows' count is their tensor's length, so a graph that brings
+    its windows decides without a sync."""
     half = value.dtype in _TC_HALF_DTYPES
     if not half and value.dtype != torch.float32:
         return None
-    # (3xTF32 fp32 takes no TC backward unasked: no backward thresholds)
     fwd_table, bwd_table = (
-        (TC_FWD_MIN_MEAN_DEGREE, TC_BWD_MIN_MEAN_DEGREE) if half else
-        (TC_TF32_FWD_MIN_MEAN_DEGREE, TC_TF32_BWD_MIN_MEAN_DEGREE)
-        if one_tf32 else (TC_FWD_MIN_MEAN_DEGREE_FP32, {}))
-    never = 1 << 30
+        (TC_FWD_MIN_EDGES, TC_BWD_MIN_EDGES) if half else
+        (TC_TF32_FWD_MIN_EDGES, TC_TF32_BWD_MIN_EDGES) if one_tf32 else
+        (TC_FWD_MIN_EDGES_FP32, TC_BWD_MIN_EDGES_FP32))
+    never = (math.inf, 0)
     d = value.shape[2]
-    fwd_pays = _tc_dense(graph, kind, query, value, fwd_table.get(d, never))
-    # (1xTF32's backward was measured behind its TC forward only)
-    bwd_pays = backward and (half or fwd_pays) and _tc_dense(
-        graph, kind, query, value, bwd_table.get(d, never))
-    if not (fwd_pays or bwd_pays):
+    fwd_rule = fwd_table.get(d, never)
+    bwd_rule = bwd_table.get(d, never) if backward else never
+    # per_row alone first: a sparser graph builds no windows
+    if not (_tc_dense(graph, kind, query, value, fwd_rule[0]) or
+            _tc_dense(graph, kind, query, value, bwd_rule[0])):
         return None
     windows, span = graph.graph_row_windows(TC_MAX_SOURCES)
     if windows is None:
         return None
-    if bwd_pays and _tc_backward_ok(graph, windows, kind, query, value,
-                                    one_tf32):
+    rows_per_window = graph.num_dst / max(windows.numel() - 1, 1)
+
+    def pays(rule):
+        return _tc_dense(graph, kind, query, value,
+                         tc_rule_degree(rule, rows_per_window))
+
+    fwd_pays = pays(fwd_rule)
+    # (fp32's TC backward was measured behind its TC forward only)
+    bwd_pays = (half or fwd_pays) and pays(bwd_rule)
+    if bwd_pays and _tc_backward_ok(graph, windows, kind, query, value):
         return (2 if fwd_pays else 4), windows, span
     # (the TC forward with the rows / cols passes after it)
     return (3, windows, span) if fwd_pays else None
@@ -431,8 +453,7 @@ def _plan(graph, kind: str, query: Tensor, value: Tensor,
                 f"strategy '{TC}' needs row windows of at most "
                 f"{TC_MAX_SOURCES} source nodes each (a batch of small "
                 f"graphs); this graph has none")
-        if backward and _tc_backward_ok(graph, windows, kind, query, value,
-                                        one_tf32):
+        if backward and _tc_backward_ok(graph, windows, kind, query, value):
             sid = 2  # the backward's tensor-core windows too
     elif strategy == SMMF:
         tc = _tc_auto_plan(graph, kind, query, value, backward, one_tf32) \
