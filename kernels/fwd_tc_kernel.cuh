@@ -133,10 +133,6 @@ __global__ void __launch_bounds__(kTcThreads, kTcMinBlocks)
   constexpr int kPadTo = kTf32 ? 32 : 16;
   const int n_tiles8 = (n_src + 7) / 8;
   const int n_pad = (n_src + kPadTo - 1) / kPadTo * kPadTo;
-  // 8-tiles the softmax and P V read (the products' k-steps take tiles in
-  // pairs); the rest are skipped (small windows). fp32 runs all 16: its
-  // forward spilled with the tests.
-  const int n_used = kTf32 ? kTcSrcTiles : n_pad / 8;
   // K (fp32: permuted within 8-tiles) and V rows (true order) of head h
   // into shared memory (the copies still in flight on return:
   // cp_async_wait_all and a barrier before use). The host hands 16-byte
@@ -160,8 +156,14 @@ __global__ void __launch_bounds__(kTcThreads, kTcMinBlocks)
     for (int i = tid; i < kTcMaxRows * kTcMaskWords; i += kTcThreads)
       s_mask[i] = 0u;
     __syncthreads();
-    tc_mark_edges<T, kTcWarps>(s_mask, nullptr, a.rowptr, a.col, c_begin,
-                               n_rows, src_lo, warp, lane, &s_lo[2]);
+    tc_window_edges<kTcWarps>(
+        a.rowptr, a.col, c_begin, n_rows, warp, lane, [&](int r, int c) {
+          c -= src_lo;
+          const uint32_t bit = tc_mask_bit<T>(c);
+          if (atomicOr(&s_mask[r * kTcMaskWords + tc_mask_word<T>(c)], bit) &
+              bit)
+            s_lo[2] = 1;
+        });
 
     for (int h = 0; h < H; ++h) {
       if (h > 0) {
@@ -172,9 +174,19 @@ __global__ void __launch_bounds__(kTcThreads, kTcMinBlocks)
       cp_async_wait_all();
       __syncthreads();  // staged rows and bits visible to every warp
       const bool multi = s_lo[2] != 0;  // (block-uniform)
-      if (multi && h == 0)  // a repeated edge: the chunk's counts
-        tc_count_edges<kTcWarps, kTcMaxRows, kTcCntStride>(
-            s_cnt, a.rowptr, a.col, c_begin, n_rows, src_lo, warp, lane);
+      if (multi && h == 0) {  // a repeated edge: the chunk's counts
+        for (int i = tid; i < kTcMaxRows * kTcCntStride / 16; i += kTcThreads)
+          reinterpret_cast<uint4*>(s_cnt)[i] = make_uint4(0u, 0u, 0u, 0u);
+        __syncthreads();
+        uint32_t* cnt_words = reinterpret_cast<uint32_t*>(s_cnt);
+        tc_window_edges<kTcWarps>(
+            a.rowptr, a.col, c_begin, n_rows, warp, lane, [&](int r, int c) {
+              c -= src_lo;
+              atomicAdd(&cnt_words[(r * kTcCntStride + c) / 4],
+                        1u << (8 * (c % 4)));
+            });
+        __syncthreads();
+      }
 
       const int r0 = warp * 16;  // this warp's 16 rows (warp-uniform)
       const bool active = r0 < n_rows;  // (kShareKV: barriers below)
@@ -221,7 +233,6 @@ __global__ void __launch_bounds__(kTcThreads, kTcMinBlocks)
         const unsigned char* cb = ca + 8 * kTcCntStride;
 #pragma unroll
         for (int t = 0; t < kTcSrcTiles; ++t) {
-          if (t >= n_used) break;  // (warp-uniform)
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
             const bool has = tc_mask_has(i < 2 ? wa : wb, t, i);
@@ -234,7 +245,6 @@ __global__ void __launch_bounds__(kTcThreads, kTcMinBlocks)
         }
 #pragma unroll
         for (int t = 0; t < kTcSrcTiles; ++t) {
-          if (t >= n_used) break;
           m_a = fmaxf(m_a, fmaxf(s[t][0], s[t][1]));
           m_b = fmaxf(m_b, fmaxf(s[t][2], s[t][3]));
         }
@@ -249,7 +259,6 @@ __global__ void __launch_bounds__(kTcThreads, kTcMinBlocks)
         const float mz_b = m_b != -INFINITY ? m_b : 0.f;
 #pragma unroll
         for (int t = 0; t < kTcSrcTiles; ++t) {
-          if (t >= n_used) break;
 #pragma unroll
           for (int i = 0; i < 4; ++i)
             s[t][i] = tc_exp2(s[t][i] - (i < 2 ? mz_a : mz_b));
