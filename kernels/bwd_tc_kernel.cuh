@@ -123,8 +123,11 @@ __global__ void __launch_bounds__(tc_bwd_threads<T>(), tc_bwd_tf32<T>() ? 1 : 2)
   const int src_pad = (n_src + kPadTo - 1) / kPadTo * kPadTo;
   const int row_pad = (n_rows + kPadTo - 1) / kPadTo * kPadTo;
   // 8-tiles the elementwise work and the products read (whole k-steps);
-  // the rest of the 16 are skipped (small windows)
-  const int src_used = src_pad / 8, row_used = row_pad / 8;
+  // the rest of the 16 are skipped (small windows). fp32 runs all 16 (its
+  // 3xTF32 backward at D = 64 / 128 was ~5 % slower with the skip and
+  // pairs below, session 42)
+  const int src_used = kTf32 ? kTcTiles : src_pad / 8;
+  const int row_used = kTf32 ? kTcTiles : row_pad / 8;
 
   // Stage rows [0, n_pad) of X (row i at X + (base + i) * HD + h * DH; zeros
   // past n) as NK rows (fp32: permuted within 8-tiles) by cp.async, in
@@ -298,11 +301,11 @@ __global__ void __launch_bounds__(tc_bwd_threads<T>(), tc_bwd_tf32<T>() ? 1 : 2)
         if (t >= row_used) break;  // (warp-uniform)
         // (lse, D) of this tile's two rows (columns j = 0, 1 of the lane):
         // fp16 / bf16 rows 2 q4, + 1 -- adjacent, one 16-byte read; fp32
-        // (permuted) q4, q4 + 4
+        // (permuted rows q4, q4 + 4) reads them apart, as before the pairs
         float2 ld[2];
         if constexpr (kTf32) {
-          ld[0] = s_ld[index_of(t, 0)];
-          ld[1] = s_ld[index_of(t, 1)];
+          ld[0] = make_float2(s_ld[index_of(t, 0)].x, s_ld[index_of(t, 0)].y);
+          ld[1] = make_float2(s_ld[index_of(t, 1)].x, s_ld[index_of(t, 1)].y);
         } else {
           const float4 v = reinterpret_cast<const float4*>(s_ld)[
               index_of(t, 0) / 2];
