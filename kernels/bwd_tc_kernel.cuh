@@ -66,19 +66,20 @@ struct TcBwdArgs {
 };
 
 // Shared memory (bytes, 16-byte aligned): 2 operand slots of [128][DH +
-// pad] rows | counts [128][kTcCntStride] uint8 (repeated edges only) | (lse
-// times log2 e, D) fp32 pairs [128] (phase B reads a row's two at once) |
-// masks [128][kTcMaskWords] uint32, row- and source-major | block scalars.
+// pad] rows | counts [128][kTcCntStride] uint8 (repeated edges only) | lse
+// (times log2 e), D fp32 [128] each | masks [128][kTcMaskWords] uint32,
+// row- and source-major | block scalars.
 struct TcBwdLayout {
-  size_t slot, cnt, lse_d, mask, mask_t, scalars, total;
+  size_t slot, cnt, lse, d, mask, mask_t, scalars, total;
 };
 __host__ __device__ inline TcBwdLayout tc_bwd_layout(int DH, size_t elem) {
   const int pad = (int)(16 / elem);
   TcBwdLayout L;
   L.slot = align16((size_t)kTcMax * (DH + pad) * elem);
   L.cnt = 2 * L.slot;
-  L.lse_d = L.cnt + (size_t)kTcMax * kTcCntStride;
-  L.mask = L.lse_d + kTcMax * 8;
+  L.lse = L.cnt + (size_t)kTcMax * kTcCntStride;
+  L.d = L.lse + kTcMax * 4;
+  L.mask = L.d + kTcMax * 4;
   L.mask_t = L.mask + kTcMax * kTcMaskWords * 4;
   L.scalars = L.mask_t + kTcMax * kTcMaskWords * 4;
   L.total = L.scalars + 16;
@@ -103,7 +104,8 @@ __global__ void __launch_bounds__(tc_bwd_threads<T>(), tc_bwd_tf32<T>() ? 1 : 2)
   T* slot[2] = {reinterpret_cast<T*>(smem),
                 reinterpret_cast<T*>(smem + L.slot)};
   unsigned char* s_cnt = smem + L.cnt;
-  float2* s_ld = reinterpret_cast<float2*>(smem + L.lse_d);  // (lse, D)
+  float* s_lse = reinterpret_cast<float*>(smem + L.lse);
+  float* s_d = reinterpret_cast<float*>(smem + L.d);
   uint32_t* s_mask = reinterpret_cast<uint32_t*>(smem + L.mask);
   uint32_t* s_mask_t = reinterpret_cast<uint32_t*>(smem + L.mask_t);
   int* s_lo = reinterpret_cast<int*>(smem + L.scalars);
@@ -122,12 +124,6 @@ __global__ void __launch_bounds__(tc_bwd_threads<T>(), tc_bwd_tf32<T>() ? 1 : 2)
   const int src_tiles = (n_src + 7) / 8, row_tiles = (n_rows + 7) / 8;
   const int src_pad = (n_src + kPadTo - 1) / kPadTo * kPadTo;
   const int row_pad = (n_rows + kPadTo - 1) / kPadTo * kPadTo;
-  // 8-tiles the elementwise work and the products read (whole k-steps);
-  // the rest of the 16 are skipped (small windows). fp32 runs all 16 (its
-  // 3xTF32 backward at D = 64 / 128 was ~5 % slower with the skip and
-  // pairs below, session 42)
-  const int src_used = kTf32 ? kTcTiles : src_pad / 8;
-  const int row_used = kTf32 ? kTcTiles : row_pad / 8;
 
   // Stage rows [0, n_pad) of X (row i at X + (base + i) * HD + h * DH; zeros
   // past n) as NK rows (fp32: permuted within 8-tiles) by cp.async, in
@@ -145,8 +141,19 @@ __global__ void __launch_bounds__(tc_bwd_threads<T>(), tc_bwd_tf32<T>() ? 1 : 2)
   for (int i = tid; i < 2 * kTcMax * kTcMaskWords; i += kThreads)
     s_mask[i] = 0u;  // (and s_mask_t, right after it)
   __syncthreads();
-  tc_mark_edges<T, kWarps>(s_mask, s_mask_t, a.rowptr, a.col, r_begin,
-                           n_rows, src_lo, warp, lane, &s_lo[2]);
+  tc_window_edges<kWarps>(a.rowptr, a.col, r_begin, n_rows, warp, lane,
+                          [&](int r, int c) {
+                            c -= src_lo;
+                            const uint32_t bit = tc_mask_bit<T>(c);
+                            if (atomicOr(&s_mask[r * kTcMaskWords +
+                                                 tc_mask_word<T>(c)],
+                                         bit) &
+                                bit)
+                              s_lo[2] = 1;
+                            atomicOr(&s_mask_t[c * kTcMaskWords +
+                                               tc_mask_word<T>(r)],
+                                     tc_mask_bit<T>(r));
+                          });
   const float scale2 = a.scale * kLog2e;
 
   // s = X N0^T and dp = Y N1^T over the used 8-tiles of n (NK rows in
@@ -206,13 +213,23 @@ __global__ void __launch_bounds__(tc_bwd_threads<T>(), tc_bwd_tf32<T>() ? 1 : 2)
       stage(a.v, src_lo, n_src, src_pad, h, slot[1]);
     }
     for (int r = tid; r < n_rows; r += kThreads)
-      s_ld[r].x = a.lse[(r_begin + r) * H + h] * kLog2e;
+      s_lse[r] = a.lse[(r_begin + r) * H + h] * kLog2e;
     cp_async_wait_all();
     __syncthreads();  // staged rows, bits and lse visible to every warp
     const bool multi = s_lo[2] != 0;  // (block-uniform)
-    if (multi && h == 0)  // a repeated edge: the window's counts
-      tc_count_edges<kWarps, kTcMax, kTcCntStride>(
-          s_cnt, a.rowptr, a.col, r_begin, n_rows, src_lo, warp, lane);
+    if (multi && h == 0) {  // a repeated edge: the window's counts
+      for (int i = tid; i < kTcMax * kTcCntStride / 16; i += kThreads)
+        reinterpret_cast<uint4*>(s_cnt)[i] = make_uint4(0u, 0u, 0u, 0u);
+      __syncthreads();
+      uint32_t* cnt_words = reinterpret_cast<uint32_t*>(s_cnt);
+      tc_window_edges<kWarps>(a.rowptr, a.col, r_begin, n_rows, warp, lane,
+                              [&](int r, int c) {
+                                c -= src_lo;
+                                atomicAdd(&cnt_words[(r * kTcCntStride + c) / 4],
+                                          1u << (8 * (c % 4)));
+                              });
+      __syncthreads();
+    }
     for (int r0 = warp * 16; r0 < n_rows; r0 += kWarps * 16) {
       const bool ok_a = r0 + g < n_rows, ok_b = r0 + g + 8 < n_rows;
       const int64_t row_a = r_begin + r0 + g, row_b = row_a + 8;
@@ -222,20 +239,18 @@ __global__ void __launch_bounds__(tc_bwd_threads<T>(), tc_bwd_tf32<T>() ? 1 : 2)
       const T* ob = ok_b ? a.dout + row_b * HD + h * DH : nullptr;
       float s[kTcTiles][4], dp[kTcTiles][4];
       two_products(qa, qb, oa, ob, src_tiles, s, dp);
-      const float lse_a = ok_a ? s_ld[r0 + g].x : 0.f;
-      const float lse_b = ok_b ? s_ld[r0 + g + 8].x : 0.f;
+      const float lse_a = ok_a ? s_lse[r0 + g] : 0.f;
+      const float lse_b = ok_b ? s_lse[r0 + g + 8] : 0.f;
       const uint32_t wa = ok_a ? s_mask[(r0 + g) * kTcMaskWords + q4] : 0u;
       const uint32_t wb = ok_b ? s_mask[(r0 + g + 8) * kTcMaskWords + q4] : 0u;
 #pragma unroll
-      for (int t = 0; t < kTcTiles; ++t) {
-        if (t >= src_used) break;  // (warp-uniform)
+      for (int t = 0; t < kTcTiles; ++t)
 #pragma unroll
         for (int i = 0; i < 4; ++i)
           s[t][i] = tc_mask_has(i < 2 ? wa : wb, t, i)
                         ? tc_exp2(fmaf(s[t][i], scale2,
                                        -(i < 2 ? lse_a : lse_b)))
                         : 0.f;
-      }
       if (multi) {  // times the multiplicity
         const unsigned char* ca = s_cnt + (r0 + g) * kTcCntStride;
         const unsigned char* cb = ca + 8 * kTcCntStride;
@@ -248,30 +263,26 @@ __global__ void __launch_bounds__(tc_bwd_threads<T>(), tc_bwd_tf32<T>() ? 1 : 2)
       }
       float d_a = 0.f, d_b = 0.f;
 #pragma unroll
-      for (int t = 0; t < kTcTiles; ++t) {
-        if (t >= src_used) break;
+      for (int t = 0; t < kTcTiles; ++t)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           if (i < 2) d_a = fmaf(s[t][i], dp[t][i], d_a);
           else d_b = fmaf(s[t][i], dp[t][i], d_b);
         }
-      }
 #pragma unroll
       for (int o = 1; o <= 2; o <<= 1) {
         d_a += __shfl_xor_sync(kFullMask, d_a, o);
         d_b += __shfl_xor_sync(kFullMask, d_b, o);
       }
       if (q4 == 0) {
-        if (ok_a) s_ld[r0 + g].y = d_a;
-        if (ok_b) s_ld[r0 + g + 8].y = d_b;
+        if (ok_a) s_d[r0 + g] = d_a;
+        if (ok_b) s_d[r0 + g + 8] = d_b;
       }
 #pragma unroll
-      for (int t = 0; t < kTcTiles; ++t) {
-        if (t >= src_used) break;
+      for (int t = 0; t < kTcTiles; ++t)
 #pragma unroll
         for (int i = 0; i < 4; ++i)
           s[t][i] *= dp[t][i] - (i < 2 ? d_a : d_b);  // ds
-      }
       // dQ = scale dS K (k over sources: K's rows)
       product(s, src_tiles, slot[0], a.dq, row_a * HD + h * DH,
               row_b * HD + h * DH, ok_a, ok_b, a.scale);
@@ -297,33 +308,17 @@ __global__ void __launch_bounds__(tc_bwd_threads<T>(), tc_bwd_tf32<T>() ? 1 : 2)
       const uint32_t wb =
           ok_b ? s_mask_t[(c0 + g + 8) * kTcMaskWords + q4] : 0u;
 #pragma unroll
-      for (int t = 0; t < kTcTiles; ++t) {
-        if (t >= row_used) break;  // (warp-uniform)
-        // (lse, D) of this tile's two rows (columns j = 0, 1 of the lane):
-        // fp16 / bf16 rows 2 q4, + 1 -- adjacent, one 16-byte read; fp32
-        // (permuted rows q4, q4 + 4) reads them apart, as before the pairs
-        float2 ld[2];
-        if constexpr (kTf32) {
-          ld[0] = make_float2(s_ld[index_of(t, 0)].x, s_ld[index_of(t, 0)].y);
-          ld[1] = make_float2(s_ld[index_of(t, 1)].x, s_ld[index_of(t, 1)].y);
-        } else {
-          const float4 v = reinterpret_cast<const float4*>(s_ld)[
-              index_of(t, 0) / 2];
-          ld[0] = make_float2(v.x, v.y);
-          ld[1] = make_float2(v.z, v.w);
-        }
+      for (int t = 0; t < kTcTiles; ++t)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int r = index_of(t, i);  // window row of this column
           const bool has = tc_mask_has(i < 2 ? wa : wb, t, i);
-          float p =
-              has ? tc_exp2(fmaf(s[t][i], scale2, -ld[i & 1].x)) : 0.f;
+          float p = has ? tc_exp2(fmaf(s[t][i], scale2, -s_lse[r])) : 0.f;
           if (multi && has)
             p *= (float)s_cnt[r * kTcCntStride + c0 + g + (i < 2 ? 0 : 8)];
           s[t][i] = p;
-          dp[t][i] = has ? p * (dp[t][i] - ld[i & 1].y) : 0.f;  // ds
+          dp[t][i] = has ? p * (dp[t][i] - s_d[r]) : 0.f;  // ds
         }
-      }
       // dV = P^T dO (dO's rows), dK = scale dS^T Q (Q's rows)
       product(s, row_tiles, slot[1], a.dv, src_a * HD + h * DH,
               src_b * HD + h * DH, ok_a, ok_b, 1.f);

@@ -90,46 +90,4 @@ __device__ __forceinline__ void tc_window_edges(
   }
 }
 
-// The edges of rows [row0, row0 + n_rows) (window row r, source c - src_lo)
-// as bits of s_mask (zeroed before, behind a barrier), and of s_mask_t
-// source-major where given; a repeated edge sets *multi.
-template <typename T, int kWarps>
-__device__ __forceinline__ void tc_mark_edges(
-    uint32_t* s_mask, uint32_t* s_mask_t, const int64_t* __restrict__ rowptr,
-    const int32_t* __restrict__ col, int64_t row0, int n_rows, int src_lo,
-    int warp, int lane, int* multi) {
-  tc_window_edges<kWarps>(rowptr, col, row0, n_rows, warp, lane,
-                          [&](int r, int c) {
-    c -= src_lo;
-    const uint32_t bit = tc_mask_bit<T>(c);
-    if (atomicOr(&s_mask[r * kTcMaskWords + tc_mask_word<T>(c)], bit) & bit)
-      *multi = 1;
-    if (s_mask_t != nullptr)
-      atomicOr(&s_mask_t[c * kTcMaskWords + tc_mask_word<T>(r)],
-               tc_mask_bit<T>(r));
-  });
-}
-
-// Where an edge repeats: the multiplicities of the same edges as bytes
-// cnt[r * kStride + c - src_lo] of a [kRows][kStride] matrix, zeroed here;
-// every thread of the block calls it (two barriers inside: the counts are
-// visible on return).
-template <int kWarps, int kRows, int kStride>
-__device__ __forceinline__ void tc_count_edges(
-    unsigned char* s_cnt, const int64_t* __restrict__ rowptr,
-    const int32_t* __restrict__ col, int64_t row0, int n_rows, int src_lo,
-    int warp, int lane) {
-  const int tid = warp * kWarpSize + lane;
-  for (int i = tid; i < kRows * kStride / 16; i += kWarps * kWarpSize)
-    reinterpret_cast<uint4*>(s_cnt)[i] = make_uint4(0u, 0u, 0u, 0u);
-  __syncthreads();
-  uint32_t* words = reinterpret_cast<uint32_t*>(s_cnt);
-  tc_window_edges<kWarps>(rowptr, col, row0, n_rows, warp, lane,
-                          [&](int r, int c) {
-    c -= src_lo;
-    atomicAdd(&words[(r * kStride + c) / 4], 1u << (8 * (c % 4)));
-  });
-  __syncthreads();
-}
-
 }  // namespace pyg_dfgnn
