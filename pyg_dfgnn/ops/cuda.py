@@ -264,8 +264,8 @@ def _tc_backward_ok(graph, windows: Tensor, kind: str, query: Tensor,
     """Whether the backward can take the tensor-core windows too
     (kernels/bwd_tc_kernel.cuh): every window of at most TC_MAX_SOURCES
     rows, no source shared by two windows (a block owns its sources' dK,
-    dV), D = F <= 128 (fp32 in 3xTF32 or, ``one_tf32``, 1xTF32 products).
-    One host sync, cached with the plan."""
+    dV), D = F <= 128 (fp32 too: 3xTF32, or 1xTF32 under allow_tf32). One
+    host sync, cached with the plan."""
     if not _tc_takes(kind, query, value) or \
             graph.max_in_degree > TC_MAX_DEGREE:
         return False
