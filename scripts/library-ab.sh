@@ -9,7 +9,8 @@
 #   OLD_XZ=.devlib/old-<stamp>.so.xz NEW_XZ=.devlib/new-<stamp>.so.xz \
 #     AB_CASES=pattern-like:1x128:bf16:dot,... bash scripts/library-ab.sh
 #
-# Environment: TEST_PATHS (the new library's tests; default the TC and
+# Environment: AB_VARIANTS, CHECK_ENV (below), TEST_PATHS (the new
+# library's tests; default the TC and
 # autograd tests), OLD_TEST_PATHS (default tests/test_tc_windows_cuda.py;
 # "" skips), SANITIZE_ARGS (default tc), AB_ROUNDS (2), NCU_CASE (default
 # pattern-like:8x16:bf16:dot; "" skips), NCU_KERNELS (regex, default the TC
@@ -32,15 +33,19 @@ if [ -n "${OLD_TEST_PATHS-tests/test_tc_windows_cuda.py}" ]; then
     >"$OUT/old-tests.txt" 2>&1
   echo "old library tests: rc=$? $(tail -n 1 "$OUT/old-tests.txt")"
 fi
-PYG_DFGNN_LIBRARY=/tmp/new.so OUT="$OUT/check" STAGES="test sanitize" \
+# (CHECK_ENV: variables of the new library's tests and sanitizers, e.g.
+# 'PYG_DFGNN_SHORT_THREADS=max')
+env ${CHECK_ENV:-} PYG_DFGNN_LIBRARY=/tmp/new.so OUT="$OUT/check" STAGES="test sanitize" \
   TEST_PATHS="${TEST_PATHS:-tests/test_tc_windows_cuda.py tests/test_tc_fragments.py tests/test_autograd_cuda.py}" \
   SANITIZE_SCRIPTS="scripts/sanitize_cases.py scripts/sanitize_bwd.py" \
   SANITIZE_ARGS="${SANITIZE_ARGS-tc}" DEADLINE_S=${CHECK_DEADLINE_S:-300} \
   bash scripts/gpu-check.sh >"$OUT/check.txt" 2>&1
 tail -n 8 "$OUT/check.txt"
 
+# (AB_VARIANTS: more variants, e.g. 'new-x:PYG_DFGNN_LIBRARY=/tmp/new.so;KNOB=1')
 python scripts/env_ab.py 'old:PYG_DFGNN_LIBRARY=/tmp/old.so' \
-  'new:PYG_DFGNN_LIBRARY=/tmp/new.so' --rounds "${AB_ROUNDS:-2}" \
+  'new:PYG_DFGNN_LIBRARY=/tmp/new.so' ${AB_VARIANTS:-} \
+  --rounds "${AB_ROUNDS:-2}" \
   --cases "$AB_CASES" --json "$OUT/ab.json" >"$OUT/ab.txt" 2>&1
 
 if [ -n "${NCU_CASE-pattern-like:8x16:bf16:dot}" ] && command -v ncu >/dev/null; then
