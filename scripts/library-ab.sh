@@ -10,11 +10,10 @@
 #     AB_CASES=pattern-like:1x128:bf16:dot,... bash scripts/library-ab.sh
 #
 # Environment: AB_VARIANTS, CHECK_ENV (below), TEST_PATHS (the new
-# library's tests; default the TC and
-# autograd tests), OLD_TEST_PATHS (default tests/test_tc_windows_cuda.py;
-# "" skips), SANITIZE_ARGS (default tc), AB_ROUNDS (2), NCU_CASE (default
-# pattern-like:8x16:bf16:dot; "" skips), NCU_KERNELS (regex, default the TC
-# kernels).
+# library's tests; default the TC and autograd tests), OLD_TEST_PATHS
+# (default tests/test_tc_windows_cuda.py; "" skips), SANITIZE_ARGS
+# (default tc), AB_ROUNDS (2), NCU_CASE (default pattern-like:8x16:bf16:dot;
+# "" skips), NCU_KERNELS (regex, default the TC kernels).
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -35,7 +34,8 @@ if [ -n "${OLD_TEST_PATHS-tests/test_tc_windows_cuda.py}" ]; then
 fi
 # (CHECK_ENV: variables of the new library's tests and sanitizers, e.g.
 # 'PYG_DFGNN_SHORT_THREADS=max')
-env ${CHECK_ENV:-} PYG_DFGNN_LIBRARY=/tmp/new.so OUT="$OUT/check" STAGES="test sanitize" \
+env ${CHECK_ENV:-} PYG_DFGNN_LIBRARY=/tmp/new.so OUT="$OUT/check" \
+  STAGES="test sanitize" \
   TEST_PATHS="${TEST_PATHS:-tests/test_tc_windows_cuda.py tests/test_tc_fragments.py tests/test_autograd_cuda.py}" \
   SANITIZE_SCRIPTS="scripts/sanitize_cases.py scripts/sanitize_bwd.py" \
   SANITIZE_ARGS="${SANITIZE_ARGS-tc}" DEADLINE_S=${CHECK_DEADLINE_S:-300} \

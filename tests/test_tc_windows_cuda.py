@@ -465,7 +465,7 @@ def test_tc_forward_is_picked_where_dense_and_matches(dtype, dh):
                       features=True)[0] == 0
     check(cuda, graph, v, q, k, dtype, f'{dtype} D={dh} auto TC',
           strategy=None)
-    ei, n = dense_batch([100, 37, 128, 1, 90], need - 1, g)
+    ei, n = dense_batch(sizes, need - 1, g)
     thinner = DFGraph.from_edge_index(ei.cuda(), num_nodes=n)
     q, k, v = inputs(n, heads, dh, dtype, g)
     fwd_pays = need - 1 >= t_fwd
