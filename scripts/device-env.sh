@@ -7,3 +7,8 @@ export MAX_JOBS=${MAX_JOBS:-16}
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 export PYG_DFGNN_CACHE=${PYG_DFGNN_CACHE:-/tmp/pdf_cache}
 export PYTHONUNBUFFERED=1
+# unxz IN OUT: a library carried xz-compressed (.devlib; the device has no
+# xz tool), unpacked by Python's lzma.
+unxz() {
+  python -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$1" "$2"
+}

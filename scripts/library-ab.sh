@@ -20,9 +20,6 @@ cd "$ROOT"
 source scripts/device-env.sh
 OUT=${OUT:-./library-ab-out}
 mkdir -p "$OUT"
-unxz() {  # unxz IN OUT
-  python -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$1" "$2"
-}
 unxz "$OLD_XZ" /tmp/old.so && unxz "$NEW_XZ" /tmp/new.so || exit 1
 T0=$(date +%s)
 

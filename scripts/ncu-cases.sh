@@ -14,7 +14,7 @@ cd "$ROOT"
 source scripts/device-env.sh
 OUT=${OUT:-./ncu-out}
 mkdir -p "$OUT"
-python -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$LIB_XZ" /tmp/lib.so || exit 1
+unxz "$LIB_XZ" /tmp/lib.so || exit 1
 export PYG_DFGNN_LIBRARY=/tmp/lib.so
 IFS=';' read -ra CASES <<<"$NCU_CASES"
 i=0
