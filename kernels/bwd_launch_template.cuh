@@ -151,7 +151,8 @@ void launch(const BwdArgs<T, I>& args, const at::Tensor& ptr,
 // several: short_slices' vectors a lane).
 // (instantiated only where it can be taken: the vector kernels)
 template <typename T, typename I, int KIND, bool VEC, int FEAT, bool COLS>
-void launch_short(const BwdArgs<T, I>& a) {
+void launch_short(const BwdArgs<T, I>& a, int64_t n_edges,
+                  int64_t max_degree) {
   if constexpr (KIND != kGatv2 && VEC) {
     constexpr int VW = Vec<T>::kWidth;
     const int nv = short_slices(KIND, a.n_owner, a.H, a.F, VW,
@@ -161,11 +162,22 @@ void launch_short(const BwdArgs<T, I>& a) {
     if (blocks <= 0) return;
     dispatch_slices(nv, [&](auto nv_c) {
       constexpr int NV = decltype(nv_c)::value;
-      auto kernel = COLS ? short_cols_bwd_kernel<T, I, KIND, VW, NV, FEAT>
-                         : short_rows_bwd_kernel<T, I, KIND, VW, NV, FEAT>;
-      kernel<<<(unsigned)blocks, kShortThreads, 0,
-               c10::cuda::getCurrentCUDAStream()>>>(a, lanes);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      auto kernel_of = [&](auto walk_c) {
+        constexpr bool WALK = decltype(walk_c)::value;
+        return COLS ? short_cols_bwd_kernel<T, I, KIND, VW, NV, FEAT, WALK>
+                    : short_rows_bwd_kernel<T, I, KIND, VW, NV, FEAT, WALK>;
+      };
+      const bool walk = short_walk_pays(
+          VW > 4, COLS ? ShortPass::kCols : ShortPass::kRows, KIND, lanes, NV,
+          a.n_owner, n_edges, max_degree);
+      launch_short_walk(
+          kernel_of(std::true_type{}), blocks, kShortThreads, walk,
+          [&](auto walk_c, int64_t grid) {
+            kernel_of(walk_c)<<<(unsigned)grid, kShortThreads, 0,
+                                c10::cuda::getCurrentCUDAStream()>>>(a,
+                                                                     lanes);
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+          });
     });
   }
 }
@@ -251,7 +263,7 @@ void run_passes(Args& A, int optin) {
         nullptr, fopt);
   };
   if (short_rows)
-    launch_short<T, I, KIND, VEC, FEAT, false>(r);
+    launch_short<T, I, KIND, VEC, FEAT, false>(r, E, A.max_in_degree);
   else if (kLanesOk && rows_lanes)
     rows(std::bool_constant<kLanesOk>{});
   else
@@ -275,7 +287,7 @@ void run_passes(Args& A, int optin) {
   c.group = std::min(32, next_pow2(slots_k + slots_v));
   at::Tensor att_part;
   if (short_cols) {
-    launch_short<T, I, KIND, VEC, FEAT, true>(c);
+    launch_short<T, I, KIND, VEC, FEAT, true>(c, E, A.max_out_degree);
     return;
   }
   PYG_DFGNN_DISPATCH_BOOL(lean, LEAN, [&] {

@@ -48,259 +48,315 @@ inline constexpr int kShortRowsMinBlocks =
                                             : 0;
 template <typename I, int KIND, int FEAT, int VW>
 inline constexpr int kShortColsMinBlocks =
-    VW > 4 || sizeof(I) != 4                ? 0
+    sizeof(I) != 4                          ? 0
+    : VW > 4                                ? 0
     : KIND == kDot && FEAT == kFeatNone     ? 5
     : KIND == kAdd && FEAT == kFeatScore    ? 6
                                             : 0;
 
-// NV: vectors a lane (short_rows.cuh's slices, the forward's; the bounds
-// are for NV = 1).
-template <typename T, typename I, int KIND, int VW, int NV, int FEAT>
-__global__ void __launch_bounds__(kShortThreads,
-                                  NV == 1
-                                      ? kShortRowsMinBlocks<I, KIND, FEAT, VW>
-                                      : 0)
+// A walk with NV > 1 (no training features): the blocks the passes of one
+// group a block keep (the walk's state: 4-16 registers more).
+template <typename I, int KIND, int FEAT, int VW, int NV, bool WALK>
+inline constexpr int kShortRowsBlocks =
+    NV == 1                ? kShortRowsMinBlocks<I, KIND, FEAT, VW>
+    : !WALK || FEAT != kFeatNone ? 0
+    : KIND == kDot         ? (VW == 4 && NV == 4 ? 2 : 0)
+    : VW * NV == 16        ? 3
+    : VW * NV == 32        ? 2
+                           : 0;
+template <typename I, int KIND, int FEAT, int VW, int NV, bool WALK>
+inline constexpr int kShortColsBlocks =
+    NV == 1                ? kShortColsMinBlocks<I, KIND, FEAT, VW>
+    : !WALK || FEAT != kFeatNone ? 0
+    : VW == 4              ? (NV == 4 ? 3 : 4)
+                           : 0;
+
+// NV: vectors a lane (short_rows.cuh's slices, the forward's). WALK: a
+// persistent launch (launch_short_walk) as the short-row forward's, else one group
+// a block.
+template <typename T, typename I, int KIND, int VW, int NV, int FEAT,
+          bool WALK>
+__global__ void __launch_bounds__(
+    kShortThreads, kShortRowsBlocks<I, KIND, FEAT, VW, NV, WALK>)
     short_rows_bwd_kernel(BwdArgs<T, I> a, int lanes) {
   static_assert(KIND == kDot || KIND == kAdd, "short: 'dot' or 'add'");
   constexpr int EW = VW * NV;  // a lane's elements
   constexpr int S = kShortRowsStep<KIND, VW, EW>;  // edges a step
   const int H = a.H, F = a.F, HF = H * F;
-  const OwnerLane o = owner_lane<VW, NV>(lanes, a.n_owner, H, F);
-  const int64_t row = o.owner;
-  const int h = o.h, G = o.G, sv = G * VW;
-  const bool first = o.on && o.c0 % F == 0;  // writes the head's scalars
-  float q[EW], dout[EW], qh = 0.f, lse = 0.f;
-#pragma unroll
-  for (int i = 0; i < EW; ++i) q[i] = dout[i] = 0.f;
-  if (o.on) {
-    if constexpr (KIND == kDot)
-      load_slices<T, VW, NV>(a.own_a + row * HF + o.c0, sv, q);
-    else
-      qh = to_float(a.own_a[row * H + h]);
-    load_slices<T, VW, NV>(a.own_b + row * HF + o.c0, sv, dout);
-    lse = a.lse[row * H + h];
-  }
-  const int64_t elo = o.has ? a.ptr[row] : 0;
-  const int64_t ehi = o.has ? a.ptr[row + 1] : 0;
-  const bool one_edge = ehi - elo == 1;
-  // steps of S edges: the longest of the warp's rows (warp-uniform, the
-  // shuffles need every lane)
-  const unsigned steps =
-      __reduce_max_sync(kFullMask, (unsigned)((ehi - elo + S - 1) / S));
-  // 'dot': A = sum t k, B = sum p k (vectors); 'add': sum t leaky',
-  // sum p leaky' (the head's scalars, in acc_a[0] / acc_b[0])
-  float acc_a[EW], acc_b[EW], dsum = 0.f;
-#pragma unroll
-  for (int i = 0; i < EW; ++i) acc_a[i] = acc_b[i] = 0.f;
-  // Base pointers, as the short-row forward (issue-bound): this lane's
-  // columns of the neighbour rows (int32 indices: a 32x32-bit wide
-  // multiply per edge) and its head's column of the edge scores / ebuf,
-  // stepped S edges a step (the edge-score pointer whether or not there
-  // are any: no null test in the loop).
-  const T* k_lane = KIND == kDot ? a.nbr_a + o.c0 : a.nbr_a + h;
-  const int k_stride = KIND == kDot ? HF : H;
-  const T* v_lane = a.nbr_b + o.c0;
-  const bool has_es = kHasScore<FEAT> && a.et.es != nullptr && o.on;
-  const T* es_lane = (has_es ? a.et.es : a.own_a) + elo * H + h;
-  float2* ebuf_lane = a.ebuf + elo * H + h;
-  const int64_t lane_step = S * (int64_t)H;
   const T* galpha = kHasWeights<FEAT> ? a.galpha : nullptr;
   uint64_t seed, offset;
   drop_begin<FEAT>(a.drop, seed, offset);
-  DropoutBatch<FEAT> drop(H, lanes);
-  for (unsigned st = 0; st < steps;
-       ++st, es_lane += lane_step, ebuf_lane += lane_step) {
-    const int64_t e = elo + S * (int64_t)st;
-    const bool one = e < ehi, two = S == 2 && e + 1 < ehi;
-    I j[S];
-    j[0] = one ? a.idx[e] : 0;
-    if constexpr (S == 2) j[1] = two ? a.idx[e + 1] : j[0];
-    float k[S][EW], v[S][EW], kh[S];
-#pragma unroll
-    for (int u = 0; u < S; ++u) {
-      kh[u] = 0.f;
-#pragma unroll
-      for (int i = 0; i < EW; ++i) k[u][i] = v[u][i] = 0.f;
+  // the first group's range
+  OwnerWalk w = owner_walk<VW, NV>(lanes, a.n_owner, H, F);
+  const OwnerLane& lo_ = w.lane;
+  int64_t elo, ehi;
+  owner_range(a.ptr, w, 0, elo, ehi);
+#pragma unroll 1
+  for (; __any_sync(kFullMask, w.has()); w.owner += w.step) {
+    const int64_t row = w.owner;
+    OwnerLane o = lo_;
+    o.on = o.on && w.has();
+    // the next group's range (its ptr entries in L2 since a group ago)
+    int64_t nlo = 0, nhi = 0;
+    if constexpr (WALK) {
+      owner_range(a.ptr, w, 1, nlo, nhi);
+      prefetch_range(a.ptr, w, 2);
     }
-    if (o.on && one) {
-      if constexpr (KIND == kDot) {
+    const int h = o.h, G = o.G, sv = G * VW;
+    const bool first = o.on && o.c0 % F == 0;  // writes the head's scalars
+    float q[EW], dout[EW], qh = 0.f, lse = 0.f;
 #pragma unroll
-        for (int u = 0; u < S; ++u)
-          load_slices<T, VW, NV>(k_lane + (int64_t)j[u] * k_stride, sv,
-                                 k[u]);
-      } else {
-#pragma unroll
-        for (int u = 0; u < S; ++u)
-          kh[u] = to_float(k_lane[(int64_t)j[u] * k_stride]);
-      }
-#pragma unroll
-      for (int u = 0; u < S; ++u)
-        load_slices<T, VW, NV>(v_lane + (int64_t)j[u] * HF, sv, v[u]);
-    }
-    float s[S], gz[S], dp[S], term[S];
-#pragma unroll
-    for (int u = 0; u < S; ++u) gz[u] = 1.f, term[u] = 0.f;
-    if (has_es && one) {
-      term[0] = to_float(es_lane[0]);
-      if constexpr (S == 2)
-        if (two) term[1] = to_float(es_lane[H]);
-    }
-    // the step's head sums at once (head_sums: group_sum's sums in fewer
-    // shuffles): scores first, then dp
-    if constexpr (KIND == kDot) {
-      float x[2 * S];
-#pragma unroll
-      for (int u = 0; u < S; ++u) {
-        x[u] = lane_dot<EW>(q, k[u]);
-        x[S + u] = lane_dot<EW>(dout, v[u]);
-      }
-      head_sums<2 * S>(x, G);
-#pragma unroll
-      for (int u = 0; u < S; ++u) {
-        s[u] = fmaf(x[u], a.scale, term[u]);
-        dp[u] = x[S + u];
-      }
-    } else {
-      float x[S];
-#pragma unroll
-      for (int u = 0; u < S; ++u) x[u] = lane_dot<EW>(dout, v[u]);
-      if constexpr (S == 2)
-        head_sums<2>(x, G);
+    for (int i = 0; i < EW; ++i) q[i] = dout[i] = 0.f;
+    if (o.on) {
+      if constexpr (KIND == kDot)
+        load_slices<T, VW, NV>(a.own_a + row * HF + o.c0, sv, q);
       else
-        x[0] = group_sum(x[0], G);
+        qh = to_float(a.own_a[row * H + h]);
+      load_slices<T, VW, NV>(a.own_b + row * HF + o.c0, sv, dout);
+      lse = __ldg(a.lse + row * H + h);
+    }
+    const bool one_edge = ehi - elo == 1;
+    // steps of S edges: the longest of the warp's rows (warp-uniform, the
+    // shuffles need every lane)
+    const unsigned steps =
+        __reduce_max_sync(kFullMask, (unsigned)((ehi - elo + S - 1) / S));
+    // 'dot': A = sum t k, B = sum p k (vectors); 'add': sum t leaky',
+    // sum p leaky' (the head's scalars, in acc_a[0] / acc_b[0])
+    float acc_a[EW], acc_b[EW], dsum = 0.f;
+#pragma unroll
+    for (int i = 0; i < EW; ++i) acc_a[i] = acc_b[i] = 0.f;
+    // Base pointers, as the short-row forward (issue-bound): this lane's
+    // columns of the neighbour rows (int32 indices: a 32x32-bit wide
+    // multiply per edge) and its head's column of the edge scores / ebuf,
+    // stepped S edges a step (the edge-score pointer whether or not there
+    // are any: no null test in the loop).
+    const T* k_lane = KIND == kDot ? a.nbr_a + o.c0 : a.nbr_a + h;
+    const int k_stride = KIND == kDot ? HF : H;
+    const T* v_lane = a.nbr_b + o.c0;
+    const bool has_es = kHasScore<FEAT> && a.et.es != nullptr && o.on;
+    const T* es_lane = (has_es ? a.et.es : a.own_a) + elo * H + h;
+    float2* ebuf_lane = a.ebuf + elo * H + h;
+    const int64_t lane_step = S * (int64_t)H;
+    DropoutBatch<FEAT> drop(H, lanes);
+    for (unsigned st = 0; st < steps;
+         ++st, es_lane += lane_step, ebuf_lane += lane_step) {
+      const int64_t e = elo + S * (int64_t)st;
+      const bool one = e < ehi, two = S == 2 && e + 1 < ehi;
+      I j0, j1;
+      edge_ids<S>(a.idx, e, ehi, j0, j1);
+      I j[S];
+      j[0] = j0;
+      if constexpr (S == 2) j[1] = two ? j1 : j0;
+      float k[S][EW], v[S][EW], kh[S];
 #pragma unroll
       for (int u = 0; u < S; ++u) {
-        const float z = qh + kh[u] + term[u];
-        s[u] = leaky_relu(z, a.slope);
-        gz[u] = leaky_relu_grad(z, a.slope);
-        dp[u] = x[u];
-      }
-    }
-    float fu[S];
-    drop.step(a.drop, seed, offset, elo, e, st, h, fu);
-    if (!one) continue;  // (this row is done; the shuffles above ran)
+        kh[u] = 0.f;
 #pragma unroll
-    for (int u = 0; u < S; ++u) {
-      if (u == 1 && !two) break;
-      // out_i = sum_j f p_ij v_j: dL/dp_ij = f dp_ij (+ the returned
-      // weights' own gradient)
-      // (a one-edge row: exactly 1, whichever forward formed lse)
-      const float p = one_edge ? 1.f : expf(s[u] - lse);
-      const float f = fu[u];
-      float dpe = f * dp[u];
-      if (galpha != nullptr) {
-        const int64_t ea = a.aperm != nullptr ? (int64_t)a.aperm[e + u]
-                                              : e + u;
-        dpe = fmaf(to_float(galpha[ea * H + h]),
-                   a.galpha_dropped ? f : 1.f, dpe);
+        for (int i = 0; i < EW; ++i) k[u][i] = v[u][i] = 0.f;
       }
-      const float t = p * dpe;
-      dsum += t;
+      if (o.on && one) {
+        if constexpr (KIND == kDot) {
+#pragma unroll
+          for (int u = 0; u < S; ++u)
+            load_slices<T, VW, NV>(k_lane + (int64_t)j[u] * k_stride, sv,
+                                   k[u]);
+        } else {
+#pragma unroll
+          for (int u = 0; u < S; ++u)
+            kh[u] = to_float(k_lane[(int64_t)j[u] * k_stride]);
+        }
+#pragma unroll
+        for (int u = 0; u < S; ++u)
+          load_slices<T, VW, NV>(v_lane + (int64_t)j[u] * HF, sv, v[u]);
+      }
+      // ahead: at the first step, the next group's ids into L2
+      if (WALK && st == 0 && nlo < nhi) prefetch_l2(a.idx + nlo);
+      float s[S], gz[S], dp[S], term[S];
+#pragma unroll
+      for (int u = 0; u < S; ++u) gz[u] = 1.f, term[u] = 0.f;
+      if (has_es && one) {
+        term[0] = to_float(es_lane[0]);
+        if constexpr (S == 2)
+          if (two) term[1] = to_float(es_lane[H]);
+      }
+      // the step's head sums at once (head_sums: group_sum's sums in fewer
+      // shuffles): scores first, then dp
       if constexpr (KIND == kDot) {
+        float x[2 * S];
 #pragma unroll
-        for (int i = 0; i < EW; ++i) {
-          acc_a[i] = fmaf(t, k[u][i], acc_a[i]);
-          acc_b[i] = fmaf(p, k[u][i], acc_b[i]);
+        for (int u = 0; u < S; ++u) {
+          x[u] = lane_dot<EW>(q, k[u]);
+          x[S + u] = lane_dot<EW>(dout, v[u]);
+        }
+        head_sums<2 * S>(x, G);
+#pragma unroll
+        for (int u = 0; u < S; ++u) {
+          s[u] = fmaf(x[u], a.scale, term[u]);
+          dp[u] = x[S + u];
         }
       } else {
-        acc_a[0] += t * gz[u];
-        acc_b[0] += p * gz[u];
-      }
-      if (first)
-        ebuf_lane[u * H] = make_float2(
-            pack_item_p<KIND>(p, f == 0.f, KIND == kAdd && gz[u] != 1.f),
-            t);
-    }
-  }
-  if (!o.on) return;
-  if (first) a.drow[row * H + h] = dsum;
-  // D * B rounded like A's products (no FMA contraction): a row whose
-  // softmax is one edge (p = 1) gives exactly 0, as in the block pass
-  if constexpr (KIND == kDot) {
-    float x[EW];
+        float x[S];
 #pragma unroll
-    for (int i = 0; i < EW; ++i)
-      x[i] = (acc_a[i] - __fmul_rn(dsum, acc_b[i])) * a.scale;
-    store_slices<T, VW, NV>(a.grad_a + row * HF + o.c0, sv, x);
-  } else if (first) {
-    a.grad_a[row * H + h] =
-        from_float<T>(acc_a[0] - __fmul_rn(dsum, acc_b[0]));
+        for (int u = 0; u < S; ++u) x[u] = lane_dot<EW>(dout, v[u]);
+        if constexpr (S == 2)
+          head_sums<2>(x, G);
+        else
+          x[0] = group_sum(x[0], G);
+#pragma unroll
+        for (int u = 0; u < S; ++u) {
+          const float z = qh + kh[u] + term[u];
+          s[u] = leaky_relu(z, a.slope);
+          gz[u] = leaky_relu_grad(z, a.slope);
+          dp[u] = x[u];
+        }
+      }
+      float fu[S];
+      drop.step(a.drop, seed, offset, elo, e, st, h, fu);
+      if (!one) continue;  // (this row is done; the shuffles above ran)
+#pragma unroll
+      for (int u = 0; u < S; ++u) {
+        if (u == 1 && !two) break;
+        // out_i = sum_j f p_ij v_j: dL/dp_ij = f dp_ij (+ the returned
+        // weights' own gradient)
+        // (a one-edge row: exactly 1, whichever forward formed lse)
+        const float p = one_edge ? 1.f : expf(s[u] - lse);
+        const float f = fu[u];
+        float dpe = f * dp[u];
+        if (galpha != nullptr) {
+          const int64_t ea = a.aperm != nullptr ? (int64_t)a.aperm[e + u]
+                                                : e + u;
+          dpe = fmaf(to_float(galpha[ea * H + h]),
+                     a.galpha_dropped ? f : 1.f, dpe);
+        }
+        const float t = p * dpe;
+        dsum += t;
+        if constexpr (KIND == kDot) {
+#pragma unroll
+          for (int i = 0; i < EW; ++i) {
+            acc_a[i] = fmaf(t, k[u][i], acc_a[i]);
+            acc_b[i] = fmaf(p, k[u][i], acc_b[i]);
+          }
+        } else {
+          acc_a[0] += t * gz[u];
+          acc_b[0] += p * gz[u];
+        }
+        if (first)
+          ebuf_lane[u * H] = make_float2(
+              pack_item_p<KIND>(p, f == 0.f, KIND == kAdd && gz[u] != 1.f),
+              t);
+      }
+    }
+    if (o.on) {
+      if (first) a.drow[row * H + h] = dsum;
+      // D * B rounded like A's products (no FMA contraction): a row whose
+      // softmax is one edge (p = 1) gives exactly 0, as in the block pass
+      if constexpr (KIND == kDot) {
+        float x[EW];
+#pragma unroll
+        for (int i = 0; i < EW; ++i)
+          x[i] = (acc_a[i] - __fmul_rn(dsum, acc_b[i])) * a.scale;
+        store_slices<T, VW, NV>(a.grad_a + row * HF + o.c0, sv, x);
+      } else if (first) {
+        a.grad_a[row * H + h] =
+            from_float<T>(acc_a[0] - __fmul_rn(dsum, acc_b[0]));
+      }
+    }
+    if constexpr (!WALK) break;
+    elo = nlo, ehi = nhi;
   }
 }
 
 // No shuffles here: each lane walks its own column. dV takes the dropped
-// p' = f p (the packed flag: f = 0, else 1 / (1 - drop)).
-template <typename T, typename I, int KIND, int VW, int NV, int FEAT>
-__global__ void __launch_bounds__(kShortThreads,
-                                  NV == 1
-                                      ? kShortColsMinBlocks<I, KIND, FEAT, VW>
-                                      : 0)
+// p' = f p (the packed flag: f = 0, else 1 / (1 - drop)). WALK as the
+// rows pass's (the next group's range ahead; its ids not asked into L2:
+// that measured slower here).
+template <typename T, typename I, int KIND, int VW, int NV, int FEAT,
+          bool WALK>
+__global__ void __launch_bounds__(
+    kShortThreads, kShortColsBlocks<I, KIND, FEAT, VW, NV, WALK>)
     short_cols_bwd_kernel(BwdArgs<T, I> a, int lanes) {
   static_assert(KIND == kDot || KIND == kAdd, "short: 'dot' or 'add'");
   constexpr int EW = VW * NV;  // a lane's elements
   const int H = a.H, F = a.F, HF = H * F;
-  const OwnerLane o = owner_lane<VW, NV>(lanes, a.n_owner, H, F);
-  if (!o.on) return;
-  const int64_t col = o.owner;
-  const int h = o.h, sv = o.G * VW;
-  // 'dot': dK = sum ds q_i (vector); 'add': sum ds (the head's scalar)
-  float gk[EW], gv[EW], gk_add = 0.f;
-#pragma unroll
-  for (int i = 0; i < EW; ++i) gk[i] = gv[i] = 0.f;
-  const int64_t elo = a.ptr[col], ehi = a.ptr[col + 1];
   const float keep_scale = a.drop.active ? a.drop.keep_scale : 1.f;
   T* g_es = kHasScore<FEAT> && KIND != kGatv2 ? a.g_es : nullptr;
-  const bool first = o.c0 % F == 0;  // writes the head's d es
-  // base pointers (the rows pass's note): this lane's columns of the
-  // neighbour rows, its head's column of ebuf / drow / d es (int32
-  // indices: a 32x32-bit wide multiply per edge)
-  const T* q_lane = a.nbr_a + o.c0;
-  const T* o_lane = a.nbr_b + o.c0;
-  const float2* ebuf_lane = a.ebuf + h;
-  const float* drow_lane = a.drow + h;
-  for (int64_t e = elo; e < ehi; e += 2) {
-    const bool two = e + 1 < ehi;
-    const I i0 = a.idx[e], i1 = two ? a.idx[e + 1] : i0;
-    const I c0 = a.perm[e], c1 = two ? a.perm[e + 1] : c0;
-    const float2 pt[2] = {ebuf_lane[(int64_t)c0 * H],
-                          ebuf_lane[(int64_t)c1 * H]};
-    const float d[2] = {drow_lane[(int64_t)i0 * H],
-                        drow_lane[(int64_t)i1 * H]};
-    float qx[2][EW], ox[2][EW];
-    if constexpr (KIND == kDot) {
-      load_slices<T, VW, NV>(q_lane + (int64_t)i0 * HF, sv, qx[0]);
-      load_slices<T, VW, NV>(q_lane + (int64_t)i1 * HF, sv, qx[1]);
+  // the first group's range
+  OwnerWalk w = owner_walk<VW, NV>(lanes, a.n_owner, H, F);
+  const OwnerLane& o = w.lane;
+  int64_t elo, ehi;
+  owner_range(a.ptr, w, 0, elo, ehi);
+#pragma unroll 1
+  for (; __any_sync(kFullMask, w.has()); w.owner += w.step) {
+    // the next group's range (its ptr entries in L2 since a group ago)
+    int64_t nlo = 0, nhi = 0;
+    if constexpr (WALK) {
+      owner_range(a.ptr, w, 1, nlo, nhi);
+      prefetch_range(a.ptr, w, 2);
     }
-    load_slices<T, VW, NV>(o_lane + (int64_t)i0 * HF, sv, ox[0]);
-    load_slices<T, VW, NV>(o_lane + (int64_t)i1 * HF, sv, ox[1]);
+    if (o.on && w.has()) {
+      const int64_t col = w.owner;
+      const int h = o.h, sv = o.G * VW;
+      // 'dot': dK = sum ds q_i (vector); 'add': sum ds (the head's scalar)
+      float gk[EW], gv[EW], gk_add = 0.f;
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      if (u == 1 && !two) break;
-      const ItemP ip = unpack_item_p<KIND>(pt[u].x);
-      float ds = pt[u].y - ip.p * d[u];
-      const float pv = !kHasDropout<FEAT> ? ip.p
-                       : ip.dropped      ? 0.f
-                                         : ip.p * keep_scale;
+      for (int i = 0; i < EW; ++i) gk[i] = gv[i] = 0.f;
+      const bool first = o.c0 % F == 0;  // writes the head's d es
+      // base pointers (the rows pass's note): this lane's columns of the
+      // neighbour rows, its head's column of ebuf / drow / d es (int32
+      // indices: a 32x32-bit wide multiply per edge)
+      const T* q_lane = a.nbr_a + o.c0;
+      const T* o_lane = a.nbr_b + o.c0;
+      const float2* ebuf_lane = a.ebuf + h;
+      const float* drow_lane = a.drow + h;
+      for (int64_t e = elo; e < ehi; e += 2) {
+        const bool two = e + 1 < ehi;
+        const I i0 = ldg_index(a.idx + e),
+                i1 = two ? ldg_index(a.idx + e + 1) : i0;
+        const I c0 = ldg_index(a.perm + e),
+                c1 = two ? ldg_index(a.perm + e + 1) : c0;
+        const float2 pt[2] = {__ldg(ebuf_lane + (int64_t)c0 * H),
+                              __ldg(ebuf_lane + (int64_t)c1 * H)};
+        const float d[2] = {__ldg(drow_lane + (int64_t)i0 * H),
+                            __ldg(drow_lane + (int64_t)i1 * H)};
+        float qx[2][EW], ox[2][EW];
+        if constexpr (KIND == kDot) {
+          load_slices<T, VW, NV, true>(q_lane + (int64_t)i0 * HF, sv, qx[0]);
+          load_slices<T, VW, NV, true>(q_lane + (int64_t)i1 * HF, sv, qx[1]);
+        }
+        load_slices<T, VW, NV, true>(o_lane + (int64_t)i0 * HF, sv, ox[0]);
+        load_slices<T, VW, NV, true>(o_lane + (int64_t)i1 * HF, sv, ox[1]);
 #pragma unroll
-      for (int i = 0; i < EW; ++i) gv[i] = fmaf(pv, ox[u][i], gv[i]);
+        for (int u = 0; u < 2; ++u) {
+          if (u == 1 && !two) break;
+          const ItemP ip = unpack_item_p<KIND>(pt[u].x);
+          float ds = pt[u].y - ip.p * d[u];
+          const float pv = !kHasDropout<FEAT> ? ip.p
+                           : ip.dropped      ? 0.f
+                                             : ip.p * keep_scale;
+#pragma unroll
+          for (int i = 0; i < EW; ++i) gv[i] = fmaf(pv, ox[u][i], gv[i]);
+          if constexpr (KIND == kDot) {
+#pragma unroll
+            for (int i = 0; i < EW; ++i) gk[i] = fmaf(ds, qx[u][i], gk[i]);
+          } else {
+            if (ip.negative) ds *= a.slope;  // leaky'(z), as the rows pass saw z
+            gk_add += ds;
+          }
+          if (g_es != nullptr && first)  // d es = ds (leaky' for 'add')
+            g_es[(int64_t)(u == 0 ? c0 : c1) * H + h] = from_float<T>(ds);
+        }
+      }
+      store_slices<T, VW, NV>(a.grad_b + col * HF + o.c0, sv, gv);
       if constexpr (KIND == kDot) {
 #pragma unroll
-        for (int i = 0; i < EW; ++i) gk[i] = fmaf(ds, qx[u][i], gk[i]);
-      } else {
-        if (ip.negative) ds *= a.slope;  // leaky'(z), as the rows pass saw z
-        gk_add += ds;
+        for (int i = 0; i < EW; ++i) gk[i] *= a.scale;
+        store_slices<T, VW, NV>(a.grad_a + col * HF + o.c0, sv, gk);
+      } else if (o.c0 % F == 0) {
+        a.grad_a[col * H + h] = from_float<T>(gk_add);
       }
-      if (g_es != nullptr && first)  // d es = ds (leaky' for 'add')
-        g_es[(int64_t)(u == 0 ? c0 : c1) * H + h] = from_float<T>(ds);
     }
-  }
-  store_slices<T, VW, NV>(a.grad_b + col * HF + o.c0, sv, gv);
-  if constexpr (KIND == kDot) {
-#pragma unroll
-    for (int i = 0; i < EW; ++i) gk[i] *= a.scale;
-    store_slices<T, VW, NV>(a.grad_a + col * HF + o.c0, sv, gk);
-  } else if (o.c0 % F == 0) {
-    a.grad_a[col * H + h] = from_float<T>(gk_add);
+    if constexpr (!WALK) break;
+    elo = nlo, ehi = nhi;
   }
 }
 

@@ -8,12 +8,11 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
-#include <map>
-#include <mutex>
 #include <tuple>
 #include <type_traits>
 
 #include "dispatch.cuh"
+#include "occupancy.cuh"
 #include "fwd_alpha_kernel.cuh"
 #include "fwd_common.cuh"
 #include "fwd_pmf_kernel.cuh"
@@ -57,27 +56,6 @@ void allow_smem(Kernel kernel, size_t bytes) {
   if (bytes > 48 * 1024)
     C10_CUDA_CHECK(cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-}
-
-// Resident blocks per SM of `kernel` at `threads` and `bytes` of dynamic
-// shared memory on the current device, asked once (the occupancy query
-// costs a few us of host time per call).
-template <typename Kernel>
-int resident_blocks_per_sm(Kernel kernel, int threads, size_t bytes) {
-  static std::mutex mutex;
-  static std::map<std::tuple<const void*, int, size_t, int>, int> cache;
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  const auto key =
-      std::make_tuple((const void*)kernel, threads, bytes, device);
-  std::lock_guard<std::mutex> lock(mutex);
-  const auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  int blocks = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      &blocks, kernel, threads, bytes));
-  cache.emplace(key, blocks);
-  return blocks;
 }
 
 template <typename scalar_t, typename index_t, bool VEC>
@@ -175,10 +153,18 @@ void run_rows(const Launch& L) {
       PYG_DFGNN_DISPATCH_FEAT(L.feature_level(), KIND == kAdd, true, true,
                               FEAT, [&] {
         dispatch_slices(nv, [&](auto nv_c) {
-          rows_fwd_kernel<scalar_t, int32_t, KIND, VW, decltype(nv_c)::value,
-                          FEAT>
-              <<<(unsigned)blocks, kThreads, 0, stream>>>(a, lanes);
-          C10_CUDA_KERNEL_LAUNCH_CHECK();
+          constexpr int NV = decltype(nv_c)::value;
+          const bool walk =
+              short_walk_pays(VW > 4, ShortPass::kFwd, KIND, lanes, NV,
+                              L.n_dst, L.n_edges, L.max_in_degree);
+          launch_short_walk(
+              rows_fwd_kernel<scalar_t, int32_t, KIND, VW, NV, FEAT, true>,
+              blocks, kThreads, walk, [&](auto walk_c, int64_t grid) {
+                rows_fwd_kernel<scalar_t, int32_t, KIND, VW, NV, FEAT,
+                                decltype(walk_c)::value>
+                    <<<(unsigned)grid, kThreads, 0, stream>>>(a, lanes);
+                C10_CUDA_KERNEL_LAUNCH_CHECK();
+              });
         });
       });
     }

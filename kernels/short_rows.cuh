@@ -10,11 +10,15 @@
 #pragma once
 
 #include <cstdint>
+#include <algorithm>
 #include <cstdlib>
 #include <type_traits>
 
+#include <ATen/cuda/CUDAContext.h>
+
 #include "feature_lanes.cuh"
 #include "numeric.cuh"
+#include "occupancy.cuh"
 #include "ops.h"
 
 namespace pyg_dfgnn {
@@ -174,14 +178,14 @@ struct OwnerLane {
   bool has;  // the owner exists (its lanes take part in the walk)
   bool on;   // and this lane holds features
 };
+// `block`: the virtual block (short_groups) whose owner this is.
 template <int VW, int NV = 1>
 __device__ __forceinline__ OwnerLane owner_lane(int lanes, int64_t n_owner,
-                                                int H, int F) {
+                                                int H, int F, int64_t block) {
   const int lane = threadIdx.x % kWarpSize;
   const int warps = blockDim.x / kWarpSize;
   OwnerLane o;
-  o.owner = ((int64_t)blockIdx.x * warps + threadIdx.x / kWarpSize) *
-                (kWarpSize / lanes) +
+  o.owner = (block * warps + threadIdx.x / kWarpSize) * (kWarpSize / lanes) +
             lane / lanes;
   o.has = o.owner < n_owner;
   // (NV = 1 the same values without the division by G: the general form
@@ -278,9 +282,157 @@ __device__ __forceinline__ void head_sums(float (&x)[N], int G) {
 }
 
 // Owners of one block of `threads` (kWarpSize / lanes per warp).
-inline int64_t short_blocks(int64_t n_owner, int lanes, int threads) {
+__host__ __device__ inline int64_t short_blocks(int64_t n_owner, int lanes,
+                                                int threads) {
   const int64_t per_block = (int64_t)(threads / kWarpSize) * (kWarpSize / lanes);
   return (n_owner + per_block - 1) / per_block;
+}
+
+// Persistent launches (sessions 44-45). A warp's owner group is a chain
+// of dependent loads -- the edge range (ptr), then the neighbour ids, then
+// the neighbour rows -- and the short kernels were latency-bound on it
+// (ncu, mnist-like fp32 forward: long-scoreboard stalls half of all cycles,
+// 0.63 eligible warps a scheduler at 16 resident warps an SM). So a walking
+// launch (the kernels' WALK) has at most as many blocks as stay resident;
+// block b walks the virtual blocks b, b + gridDim.x, ... (a virtual block:
+// the owners a block of one group a block takes), and each warp loads the
+// next group's range while the current group's rows are in flight, and the
+// group after next's range into L2 (the forward and the rows pass also the
+// next group's ids): a group costs one round trip, not three. The split is
+// static (a block is done when its slowest walk is), so uneven owners lose.
+// The code for the walk is a cost of its own where it does not walk: the
+// walking pass with one group a block ran +2 to +12 % over the plain one
+// (cluster-like 4 x 32 fp32 rows pass, the next ids loaded ahead), hence two
+// instantiations, WALK or not.
+// Where a walk pays (H100, session 45, .devlib-style micro A/B of each pass
+// alone, the walk against one group a block, GPU time):
+// * half precision everywhere measured -- zinc-like 4 x 32 bf16 forward /
+//   rows / cols -16 / -26 / -17 %, arxiv-like 1 x 128 bf16 -8 / -5 / -3 %;
+// * fp32 forward with several rows a warp (`lanes` < 32), even degrees
+//   (longest <= 1.5 x mean + 2) and >= 4 edges a row on average: mnist-like
+//   -6 to -13 %, cluster-like -2 to -8 %; zinc-like 1 x 128 (2 edges a row,
+//   at 88 % of DRAM's floor) +1 %, arxiv-like (uneven) +3 %;
+// * fp32 rows pass with even degrees and several rows a warp or short rows
+//   (mean <= 16): mnist-like -6 / -9 %, cluster-like 1 x 128 -5 %, zinc-like
+//   -4 %; a row a warp of 37 edges (cluster-like 4 x 32) +13 %;
+// * fp32 columns of scalar keys ('add', session 44: -4 to -9 %) or of at
+//   most 8 elements a lane (NV <= 2) with even degrees: cluster- / mnist-
+//   like 4 x 32 -12 / -18 %; at 16 (NV = 4) cluster-like 1 x 128 +9 %,
+//   zinc- / arxiv-like +5 / +4 %.
+inline bool short_walk_pays(bool half, ShortPass pass, int64_t kind,
+                            int lanes, int nv, int64_t n_owner,
+                            int64_t n_edges, int64_t max_degree) {
+  if (half) return true;
+  if (pass == ShortPass::kCols && kind == kAdd) return true;
+  if (max_degree < 0 || n_owner <= 0) return false;
+  const double mean = (double)n_edges / (double)n_owner;
+  if ((double)max_degree > 1.5 * mean + 2.0) return false;
+  switch (pass) {
+    case ShortPass::kFwd:
+      return lanes < kWarpSize && mean >= 4.0;
+    case ShortPass::kRows:
+      return lanes < kWarpSize || mean <= 16.0;
+    default:
+      return nv <= 2;
+  }
+}
+
+// PYG_DFGNN_SHORT_PERSIST (read per call): unset, the rule above; '0' no
+// walk; 'on' a walk wherever there are more groups than resident blocks;
+// k > 0 a walk of at most k blocks (tests: many groups a block on small
+// graphs).
+inline int64_t short_persist_env() {
+  const char* env = std::getenv("PYG_DFGNN_SHORT_PERSIST");
+  if (env == nullptr || *env == '\0') return -1;  // unset
+  if (env[0] == 'o') return INT64_MAX;             // 'on'
+  const int64_t k = std::atoll(env);
+  return k > 0 ? k : 0;
+}
+
+// Launches `launch(std::bool_constant<WALK>{}, grid)` for `virtual_blocks`
+// of one group a block: WALK where the rule (or the knob) says so and the
+// walking kernel (`walk_kernel`, its resident blocks) holds fewer blocks
+// than there are groups, else one group a block.
+template <typename Kernel, typename Launch>
+inline void launch_short_walk(Kernel walk_kernel, int64_t virtual_blocks,
+                              int threads, bool walk_pays, Launch&& launch) {
+  const int64_t env = short_persist_env();
+  if (env > 0 && env != INT64_MAX) {
+    launch(std::true_type{}, std::min(env, virtual_blocks));
+    return;
+  }
+  if (env == 0 || (env < 0 && !walk_pays)) {
+    launch(std::false_type{}, virtual_blocks);
+    return;
+  }
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t cap =
+      (int64_t)std::max(resident_blocks_per_sm(walk_kernel, threads, 0), 1) *
+      sms;
+  if (virtual_blocks <= cap)
+    launch(std::false_type{}, virtual_blocks);
+  else
+    launch(std::true_type{}, cap);
+}
+
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+// An index read through the read-only path (vector_io.cuh's NC note).
+template <typename I>
+__device__ __forceinline__ I ldg_index(const I* p) {
+  if constexpr (sizeof(I) == 8)
+    return (I)__ldg(reinterpret_cast<const long long*>(p));
+  else
+    return (I)__ldg(reinterpret_cast<const int*>(p));
+}
+
+// A persistent walk: this lane's owner (its lane constants as owner_lane's,
+// for an owner that exists), advanced a group at a time by `step` owners.
+struct OwnerWalk {
+  OwnerLane lane;  // c0, h, G; `on`: the lane holds features
+  int64_t owner, step, n_owner;
+  __device__ __forceinline__ bool has(int64_t ahead = 0) const {
+    return owner + ahead * step < n_owner;
+  }
+};
+template <int VW, int NV = 1>
+__device__ __forceinline__ OwnerWalk owner_walk(int lanes, int64_t n_owner,
+                                                int H, int F) {
+  OwnerWalk w;
+  w.lane = owner_lane<VW, NV>(lanes, INT64_MAX, H, F, blockIdx.x);
+  w.owner = w.lane.owner;
+  w.step = (int64_t)gridDim.x * (blockDim.x / kWarpSize) * (kWarpSize / lanes);
+  w.n_owner = n_owner;
+  return w;
+}
+
+// The edges [lo, hi) of the walk's owner `ahead` groups on (empty where it
+// does not exist).
+__device__ __forceinline__ void owner_range(const int64_t* __restrict__ ptr,
+                                            const OwnerWalk& w, int ahead,
+                                            int64_t& lo, int64_t& hi) {
+  const bool has = w.has(ahead);
+  const int64_t o = w.owner + ahead * w.step;
+  lo = has ? ldg_index(ptr + o) : 0;
+  hi = has ? ldg_index(ptr + o + 1) : 0;
+}
+
+// Ids of edges e (and e + 1 for N = 2) where they are below hi (0 past it:
+// the kernels take j1 = j0 for a missing second edge at use, when both have
+// arrived).
+template <int N, typename I>
+__device__ __forceinline__ void edge_ids(const I* __restrict__ idx, int64_t e,
+                                         int64_t hi, I& j0, I& j1) {
+  j0 = e < hi ? ldg_index(idx + e) : (I)0;
+  j1 = N == 2 && e + 1 < hi ? ldg_index(idx + e + 1) : (I)0;
+}
+
+// The ptr entries of the walk's owner `ahead` groups on into L2.
+__device__ __forceinline__ void prefetch_range(const int64_t* ptr,
+                                               const OwnerWalk& w, int ahead) {
+  if (w.has(ahead)) prefetch_l2(ptr + w.owner + ahead * w.step);
 }
 
 }  // namespace pyg_dfgnn

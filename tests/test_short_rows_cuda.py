@@ -177,6 +177,55 @@ def check_short(graph, kind, dtype, heads, f, nv, salt, monkeypatch):
         assert err <= TOL_GRAD[dtype], f'grad_{name} {err:.2e}: {tag}'
 
 
+# The persistent launches (short_rows.cuh's launch_short_walk): with the
+# grid capped by PYG_DFGNN_SHORT_PERSIST the walking kernels' blocks walk
+# many groups (virtual blocks), loading the next group's edge range ahead;
+# each owner is still formed by one warp the same way, so out and the
+# gradients equal, bit for bit, those of the kernels without the walk, one
+# group a block ('0'), training features too.
+@pytest.mark.parametrize('kind,dtype,heads,f,feature', [
+    ('dot', torch.float32, 1, 128, None),
+    ('dot', torch.bfloat16, 1, 128, None),
+    ('dot', torch.float32, 4, 32, None),
+    ('dot', torch.float16, 3, 8, 'score'),
+    ('add', torch.float32, 1, 128, 'dropout'),
+    ('add', torch.bfloat16, 8, 16, 'score'),
+])
+@pytest.mark.parametrize('blocks', ['1', '3'])
+def test_persistent_walk_equals_one_group_a_block(kind, dtype, heads, f,
+                                                  feature, blocks,
+                                                  monkeypatch):
+    cuda = _cuda()
+    monkeypatch.setenv('PYG_DFGNN_SHORT_ROWS', '1')
+    gen = torch.Generator().manual_seed(zlib.crc32(
+        f'persist{kind}{dtype}{heads}{f}{feature}{blocks}'.encode()))
+    ei, n = graph_of('isolated', gen)  # 920 rows, half of them empty
+    g = DFGraph.from_edge_index(ei.cuda(), size=(n, n))
+    value, query, key, _ = make_inputs(kind, n, n, heads, f, f, dtype, gen,
+                                       True)
+    es = (torch.randn(g.num_edges, heads, generator=gen)
+          .to('cuda', dtype).requires_grad_()) if feature == 'score' else None
+    leaves = [value, query, key] + ([es] if es is not None else [])
+    g_out = torch.randn(n, heads, f, generator=gen).to('cuda', dtype)
+
+    def run(persist):
+        monkeypatch.setenv('PYG_DFGNN_SHORT_PERSIST', persist)
+        torch.cuda.manual_seed(7)
+        poison_allocator()
+        out, ran = short_kernels_run(lambda: cuda.fused_attention_cuda(
+            g, kind, value, query, key, None, 0.25, 0.2, strategy='smmf',
+            edge_score=es, dropout=0.3 if feature == 'dropout' else 0.0))
+        assert ran == {'rows_fwd_kernel'}
+        grads = torch.autograd.grad(out, leaves, g_out)
+        return [out] + list(grads)
+
+    one_each, walked = run('0'), run(blocks)
+    for name, a, b in zip(('out', 'value', 'query', 'key', 'edge_score'),
+                          one_each, walked):
+        assert torch.isfinite(a).all(), name
+        assert torch.equal(a, b), f'{name}: {kind} {dtype} H={heads} F={f}'
+
+
 def rule_run(cuda, ei, size, heads, f, dtype, gen):
     """The short-owner kernels a 'dot' forward + backward ran (SMMF, the
     automatic rule unless PYG_DFGNN_SHORT_ROWS says otherwise)."""
