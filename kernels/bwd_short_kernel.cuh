@@ -72,8 +72,8 @@ inline constexpr int kShortColsBlocks =
                            : 0;
 
 // NV: vectors a lane (short_rows.cuh's slices, the forward's). WALK: a
-// persistent launch (launch_short_walk) as the short-row forward's, else one group
-// a block.
+// persistent launch (launch_short_walk) as the short-row forward's, else
+// one group a block.
 template <typename T, typename I, int KIND, int VW, int NV, int FEAT,
           bool WALK>
 __global__ void __launch_bounds__(

@@ -31,9 +31,9 @@ inline constexpr int kRowsFwdMinBlocks =
         ? 5
         : 0;
 
-// With NV > 1 (no training features): the blocks the launch-order kernels
-// of session 43 kept -- the persistent walk's state took 4-16 registers
-// more (ptxas: fp32 'dot' 16 elements a lane 117 -> 125, 'add' 80 -> 88).
+// A walk with NV > 1 (no training features): the blocks the kernel without
+// the walk keeps -- the walk's state took 4-16 registers more (ptxas, fp32
+// 'dot' 16 elements a lane 117 -> 125, 'add' 80 -> 88).
 template <int KIND, int FEAT, int VW, int NV, bool WALK>
 inline constexpr int kRowsFwdBlocks =
     NV == 1                ? kRowsFwdMinBlocks<KIND, FEAT, VW>
@@ -43,9 +43,9 @@ inline constexpr int kRowsFwdBlocks =
                                     : 0;
 
 // NV: vectors a lane (short_rows.cuh's slices). WALK: a persistent launch
-// (launch_short_walk): block b walks virtual blocks b, b + gridDim.x, ... with the
-// next group's range loaded and its ids asked into L2 ahead; else one group
-// a block, nothing ahead.
+// (launch_short_walk): block b walks virtual blocks b, b + gridDim.x, ...
+// with the next group's range loaded and its ids asked into L2 ahead; else
+// one group a block, nothing ahead.
 template <typename T, typename I, int KIND, int VW, int NV, int FEAT,
           bool WALK>
 __global__ void __launch_bounds__(

@@ -304,7 +304,7 @@ __host__ __device__ inline int64_t short_blocks(int64_t n_owner, int lanes,
 // walking pass with one group a block ran +2 to +12 % over the plain one
 // (cluster-like 4 x 32 fp32 rows pass, the next ids loaded ahead), hence two
 // instantiations, WALK or not.
-// Where a walk pays (H100, session 45, .devlib-style micro A/B of each pass
+// Where a walk pays (H100, session 45, scripts/short_pass_ab.py: each pass
 // alone, the walk against one group a block, GPU time):
 // * half precision everywhere measured -- zinc-like 4 x 32 bf16 forward /
 //   rows / cols -16 / -26 / -17 %, arxiv-like 1 x 128 bf16 -8 / -5 / -3 %;
@@ -420,8 +420,7 @@ __device__ __forceinline__ void owner_range(const int64_t* __restrict__ ptr,
 }
 
 // Ids of edges e (and e + 1 for N = 2) where they are below hi (0 past it:
-// the kernels take j1 = j0 for a missing second edge at use, when both have
-// arrived).
+// the kernels take j1 = j0 for a missing second edge at use).
 template <int N, typename I>
 __device__ __forceinline__ void edge_ids(const I* __restrict__ idx, int64_t e,
                                          int64_t hi, I& j0, I& j1) {
