@@ -6,11 +6,13 @@ graphs; per case and pass the outputs bit for bit against the first variant
 interleaved rounds). A variant is `LIB.so[:GRID]`: GRID 0 one group a block
 (the kernel without the walk), -1 the walk on the resident blocks, k > 0 at
 most k blocks. The vectors a lane (NV) are the library's rule
-(short_rows.cuh's short_slices) for the case.
+(short_rows.cuh's short_slices) for the case, or --nv's where the head's
+features divide (the forward in half precision: 1 or 2).
 
     python scripts/short_pass_ab.py .devlib/main.so:0 .devlib/new.so:0 \
         .devlib/new.so:-1 [--cases cluster-like:4x32:fp32,...] \
-        [--passes fwd,rows,cols] [--rounds 5] [--iters 30] [--json out.json]
+        [--passes fwd,rows,cols] [--nv 1|2|4] [--rounds 5] [--iters 30]
+        [--json out.json]
 """
 import argparse
 import ctypes
@@ -136,6 +138,7 @@ def main():
     ap.add_argument('variants', nargs='+', help='LIB.so[:GRID]')
     ap.add_argument('--cases', default=CASES)
     ap.add_argument('--passes', default='fwd,rows,cols')
+    ap.add_argument('--nv', type=int, choices=(1, 2, 4), default=None)
     ap.add_argument('--rounds', type=int, default=5)
     ap.add_argument('--iters', type=int, default=30)
     ap.add_argument('--json', default=None)
@@ -164,6 +167,11 @@ def main():
         rows_out = None
         for pass_ in args.passes.split(','):
             nv = short_slices(case.n, case.heads, case.f, vw, pass_)
+            if args.nv is not None:
+                nv = args.nv
+                while nv > 1 and (case.f % (vw * nv) or (
+                        pass_ == 'fwd' and vw * nv > 16)):
+                    nv //= 2
             if pass_ == 'cols' and rows_out is None:  # the rows pass's ebuf
                 rows_out = case.outputs()
                 launch(variants[0][1], 'rows', case,
