@@ -156,8 +156,7 @@ void launch_short(const BwdArgs<T, I>& a, int64_t n_edges,
   if constexpr (KIND != kGatv2 && VEC) {
     constexpr int VW = Vec<T>::kWidth;
     const int nv = short_slices(KIND, a.n_owner, a.H, a.F, VW,
-                                COLS ? ShortPass::kCols : ShortPass::kRows,
-                                n_edges, max_degree);
+                                COLS ? ShortPass::kCols : ShortPass::kRows);
     const int lanes = short_lanes((int64_t)a.H * a.F, VW * nv);
     const int64_t blocks = short_blocks(a.n_owner, lanes, kShortThreads);
     if (blocks <= 0) return;

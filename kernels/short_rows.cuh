@@ -113,33 +113,15 @@ enum class ShortPass { kFwd, kRows, kCols };
 //   a head (255 registers and spills, but mnist-like 1 x 128 bf16 113 ->
 //   91 us).
 // * 'dot' cols pass: fp32 4 with >= 4 lanes a head (mnist-like 85 -> 78;
-//   pattern-like 8 x 16, one lane a head: 627 -> 742), half 1. Session 45,
-//   with the walk (short_walk_pays): fp32 2 where the columns are short and
-//   even (4-16 edges on average, short_even_degrees), which then walk --
-//   mnist-like 1 x 128 81.6 -> 69.5 us; at 2 edges (zinc-like) or 32
-//   (cluster-like 1 x 128) 4 without the walk stayed fastest (80.5 vs
-//   85.3, 296.5 vs 311.9 walked).
+//   pattern-like 8 x 16, one lane a head: 627 -> 742), half 1.
 // * Small graphs keep kShortSlicesMinWarps warps an owner pass: cora-like
 //   bf16 'add' at 339 warps (8 rows a warp) lost 16 -> 19 us.
 // PYG_DFGNN_SHORT_SLICES (read per call): '1', '2' or '4' vectors a lane
 // in every pass where the head has that many, at any size (benchmarks and
 // tests).
 constexpr int64_t kShortSlicesMinWarps = 4096;
-
-// Owners of even degrees (the longest <= 1.5 x the mean + 2) and a mean
-// degree in [lo, hi]; unknown degrees (max_degree < 0): no.
-inline bool short_even_degrees(int64_t n_owner, int64_t n_edges,
-                               int64_t max_degree, double lo = 0.0,
-                               double hi = 1e300) {
-  if (max_degree < 0 || n_owner <= 0) return false;
-  const double mean = (double)n_edges / (double)n_owner;
-  return (double)max_degree <= 1.5 * mean + 2.0 && mean >= lo && mean <= hi;
-}
-
-// n_edges / max_degree: the pass's owners' degrees (the columns' rule).
 inline int short_slices(int64_t kind, int64_t n_owner, int64_t H, int64_t F,
-                        int vw, ShortPass pass, int64_t n_edges = -1,
-                        int64_t max_degree = -1) {
+                        int vw, ShortPass pass) {
   auto fits = [&](int nv, int min_lanes) {
     return F % ((int64_t)vw * nv) == 0 && F / ((int64_t)vw * nv) >= min_lanes;
   };
@@ -164,12 +146,7 @@ inline int short_slices(int64_t kind, int64_t n_owner, int64_t H, int64_t F,
     case ShortPass::kRows:
       return widest(4, 4, false) == 4 ? 4 : 1;
     default:
-      if (half) return 1;
-      return widest(short_even_degrees(n_owner, n_edges, max_degree, 4.0,
-                                       16.0)
-                        ? 2
-                        : 4,
-                    4, false);
+      return half ? 1 : widest(4, 4, false);
   }
 }
 
@@ -347,8 +324,9 @@ inline bool short_walk_pays(bool half, ShortPass pass, int64_t kind,
                             int64_t n_edges, int64_t max_degree) {
   if (half) return true;
   if (pass == ShortPass::kCols && kind == kAdd) return true;
-  if (!short_even_degrees(n_owner, n_edges, max_degree)) return false;
+  if (max_degree < 0 || n_owner <= 0) return false;
   const double mean = (double)n_edges / (double)n_owner;
+  if ((double)max_degree > 1.5 * mean + 2.0) return false;
   switch (pass) {
     case ShortPass::kFwd:
       return lanes < kWarpSize && mean >= 4.0;

@@ -49,10 +49,8 @@ def short_lanes(hf: int, width: int) -> int:
     return lanes
 
 
-def short_slices(n: int, heads: int, f: int, vw: int, pass_: str,
-                 n_edges: int = -1, max_degree: int = -1) -> int:
-    """short_rows.cuh's short_slices for 'dot' (the degrees: the pass's
-    owners')."""
+def short_slices(n: int, heads: int, f: int, vw: int, pass_: str) -> int:
+    """short_rows.cuh's short_slices for 'dot'."""
     def widest(nv, min_lanes):
         while nv > 1 and (f % (vw * nv) or f // (vw * nv) < min_lanes or
                           n * short_lanes(heads * f, vw * nv) < 4096 * 32):
@@ -62,11 +60,7 @@ def short_slices(n: int, heads: int, f: int, vw: int, pass_: str,
         return widest(16 // vw, 4)
     if pass_ == 'rows':
         return 4 if widest(4, 4) == 4 else 1
-    if vw > 4:
-        return 1
-    mean = n_edges / max(n, 1)
-    even = 0 <= max_degree <= 1.5 * mean + 2 and 4 <= mean <= 16
-    return widest(2 if even else 4, 4)
+    return 1 if vw > 4 else widest(4, 4)
 
 
 class Case:
@@ -87,9 +81,7 @@ class Case:
         self.perm = perm.int().contiguous()
         self.csc_row = dst[perm].int().contiguous()
         self.colptr = torch.zeros(n + 1, dtype=torch.long, device=dev)
-        out_degree = torch.bincount(src, minlength=n)
-        self.colptr[1:] = out_degree.cumsum(0)
-        self.max_out_degree = int(out_degree.max()) if n else 0
+        self.colptr[1:] = torch.bincount(src, minlength=n).cumsum(0)
         gen = torch.Generator(device=dev).manual_seed(0)
         shape3 = (n, self.heads, self.f)
         self.q, self.k, self.v, self.do = (
@@ -174,8 +166,7 @@ def main():
         vw = 8 if case.bf16 else 4
         rows_out = None
         for pass_ in args.passes.split(','):
-            nv = short_slices(case.n, case.heads, case.f, vw, pass_,
-                              case.E, case.max_out_degree)
+            nv = short_slices(case.n, case.heads, case.f, vw, pass_)
             if args.nv is not None:
                 nv = args.nv
                 while nv > 1 and (case.f % (vw * nv) or (
