@@ -104,6 +104,17 @@ sanitize() {
       grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$LOGS/$name.log" | tail -n 2
     done
   done
+  # The short kernels' walks: these small graphs have fewer groups than
+  # resident blocks, so they take one group a block unless the grid is
+  # capped (PYG_DFGNN_SHORT_PERSIST=3: each block walks many groups).
+  [ -n "${SANITIZE_ARGS:-}" ] && return 0
+  for script in ${SANITIZE_SCRIPTS:-scripts/sanitize_cases.py scripts/sanitize_bwd.py scripts/sanitize_features.py}; do
+    [ -f "$script" ] || continue
+    name="memcheck-walk-$(basename "$script" .py)"
+    stage "$name" 150 env PYG_DFGNN_SHORT_PERSIST=3 compute-sanitizer \
+      --tool memcheck --error-exitcode 9 $PY "$script"
+    grep -E "ERROR SUMMARY" "$LOGS/$name.log" | tail -n 1
+  done
 }
 # The sanitizers beside the tests (both check correctness only, so sharing
 # the GPU costs them nothing but time; 16 CPU cores): ~190 s less per call.
