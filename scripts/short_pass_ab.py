@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))))
-from benchmarks.graphs import make_graph  # noqa: E402
+from benchmarks.graphs import GraphSpec, make_graph  # noqa: E402
 
 CASES = ('cluster-like:4x32:fp32,cluster-like:1x128:fp32,mnist-like:4x32:fp32,'
          'mnist-like:1x128:fp32,zinc-like:4x32:bf16,zinc-like:1x128:fp32,'
@@ -63,6 +63,20 @@ def short_slices(n: int, heads: int, f: int, vw: int, pass_: str) -> int:
     return 1 if vw > 4 else widest(4, 4)
 
 
+def graph_of(name: str):
+    """A named graph (benchmarks/graphs.py), or 'batch-A-D' (1,024 graphs
+    of A nodes, in-degree D) / 'uniform-N-D' (N nodes, mean degree D)."""
+    kind, *nums = name.split('-')
+    if kind in ('batch', 'uniform') and len(nums) == 2 and all(
+            x.isdigit() for x in nums):
+        a, deg = int(nums[0]), int(nums[1])
+        return GraphSpec('uniform', num_nodes=a, num_edges=a * deg) \
+            if kind == 'uniform' else GraphSpec(
+                'batch', nodes_per_graph=a, avg_in_degree=deg,
+                num_graphs=1024)
+    return name
+
+
 class Case:
     """A graph's CSR / CSC and seeded features of one case."""
 
@@ -71,7 +85,7 @@ class Case:
         self.heads, self.f = (int(x) for x in shape.split('x'))
         self.bf16 = dt == 'bf16'
         dtype = torch.bfloat16 if self.bf16 else torch.float32
-        ei, n = make_graph(name, dev)
+        ei, n = make_graph(graph_of(name), dev)
         src, dst = ei[0], ei[1]
         self.n, self.E = n, src.numel()
         self.rowptr = torch.zeros(n + 1, dtype=torch.long, device=dev)
