@@ -1,7 +1,8 @@
 """A/B of the short-owner passes of several kernel trees, each built alone
 by scripts/short-pass-ab.sh: the forward (rows_fwd_kernel) and the
-backward's rows / cols passes, 'dot', no training features, on the named
-graphs; per case and pass the outputs bit for bit against the first variant
+backward's rows / cols passes, 'dot', no training features, on the graphs
+kernel_times.py names (benchmarks/graphs.py's, batch-A-D, uniform-N-D);
+per case and pass the outputs bit for bit against the first variant
 (poisoned first), then the GPU time of one launch (CUDA events, median of
 interleaved rounds). A variant is `LIB.so[:GRID]`: GRID 0 one group a block
 (the kernel without the walk), -1 the walk on the resident blocks, k > 0 at
@@ -23,9 +24,9 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__))))
-from benchmarks.graphs import GraphSpec, make_graph  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(HERE), HERE]
+from kernel_times import make_graph_of  # noqa: E402
 
 CASES = ('cluster-like:4x32:fp32,cluster-like:1x128:fp32,mnist-like:4x32:fp32,'
          'mnist-like:1x128:fp32,zinc-like:4x32:bf16,zinc-like:1x128:fp32,'
@@ -63,20 +64,6 @@ def short_slices(n: int, heads: int, f: int, vw: int, pass_: str) -> int:
     return 1 if vw > 4 else widest(4, 4)
 
 
-def graph_of(name: str):
-    """A named graph (benchmarks/graphs.py), or 'batch-A-D' (1,024 graphs
-    of A nodes, in-degree D) / 'uniform-N-D' (N nodes, mean degree D)."""
-    kind, *nums = name.split('-')
-    if kind in ('batch', 'uniform') and len(nums) == 2 and all(
-            x.isdigit() for x in nums):
-        a, deg = int(nums[0]), int(nums[1])
-        return GraphSpec('uniform', num_nodes=a, num_edges=a * deg) \
-            if kind == 'uniform' else GraphSpec(
-                'batch', nodes_per_graph=a, avg_in_degree=deg,
-                num_graphs=1024)
-    return name
-
-
 class Case:
     """A graph's CSR / CSC and seeded features of one case."""
 
@@ -85,7 +72,7 @@ class Case:
         self.heads, self.f = (int(x) for x in shape.split('x'))
         self.bf16 = dt == 'bf16'
         dtype = torch.bfloat16 if self.bf16 else torch.float32
-        ei, n = make_graph(graph_of(name), dev)
+        _, ei, n = make_graph_of(name, dev)  # (kernel_times.py's names)
         src, dst = ei[0], ei[1]
         self.n, self.E = n, src.numel()
         self.rowptr = torch.zeros(n + 1, dtype=torch.long, device=dev)
